@@ -1,0 +1,56 @@
+// swift-tools-version:6.0
+// Coffer: an encrypted document filesystem. One module per layer (see docs/ARCHITECTURE.md):
+// coffer (CLI) -> CofferFUSE -> CofferFS -> CofferStore -> CofferCrypto -> C libraries.
+import PackageDescription
+
+let package = Package(
+    name: "Coffer",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "coffer", targets: ["coffer"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+    ],
+    targets: [
+        // System libraries: thin module maps over Debian's -dev packages.
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CArgon2", pkgConfig: "libargon2", providers: [.apt(["libargon2-dev"])]),
+        .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+
+        // Layer 5: crypto primitives and locked key memory.
+        .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
+        // Layer 4: container header, key slots, transformers, the sealed entity store.
+        .target(name: "CofferStore", dependencies: [
+            "CofferCrypto",
+            .product(name: "GRDB", package: "GRDB.swift"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        // Layer 3: POSIX filesystem semantics over the store, testable without FUSE.
+        .target(name: "CofferFS", dependencies: [
+            "CofferStore",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        // Layer 2: libfuse3 low-level adapter.
+        .target(name: "CofferFUSE", dependencies: [
+            "CofferFS", "CFuse3",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        // Layer 1: the `coffer` command.
+        .executableTarget(name: "coffer", dependencies: [
+            "CofferFUSE", "CofferFS", "CofferStore", "CofferCrypto",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+
+        .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
+        .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto"]),
+        .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto"]),
+        .testTarget(name: "CofferFUSETests", dependencies: ["CofferFUSE", "CofferFS"]),
+        // Drives the built `coffer` binary: CLI and real FUSE mounts.
+        .testTarget(name: "CofferCLITests", dependencies: ["coffer"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

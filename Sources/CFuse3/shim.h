@@ -1,0 +1,15 @@
+#ifndef COFFER_CFUSE3_SHIM_H
+#define COFFER_CFUSE3_SHIM_H
+#define FUSE_USE_VERSION 312
+/* No _FILE_OFFSET_BITS here: on 64-bit Linux off_t is already 64-bit (fuse_common.h checks), and defining it
+   makes this module's copies of libc structs (stat, statvfs, flock) differ from Glibc's, which clang rejects
+   ("'statvfs' has different definitions in different modules") in any Swift file importing both. */
+#include <fuse_lowlevel.h>
+#include <fuse_opt.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <sys/file.h>
+#include <fcntl.h>
+#include <errno.h>
+#endif

@@ -1,0 +1,104 @@
+import CofferStore
+import Glibc
+
+/// stat, setattr, statfs and extended attributes.
+extension CofferFileSystem {
+    public func getattr(_ ino: InodeNumber) throws(FSError) -> Attributes {
+        try meta.withLock { () throws(FSError) -> Attributes in attributes(try state(ino)) }
+    }
+
+    public func setattr(_ ino: InodeNumber, changes: AttributeChanges, handle: HandleID?, caller: Caller) throws(FSError) -> Attributes {
+        try checkWritable()
+        let s = try meta.withLock { () throws(FSError) in try state(ino) }
+        if let size = changes.size { try truncate(s, to: size) }
+        return try meta.withLock { () throws(FSError) -> Attributes in
+            let now = StoredTime.now()
+            var changed = changes.size != nil
+            if let mode = changes.mode {
+                s.record.mode = (s.record.mode & UInt32(S_IFMT)) | (mode & 0o7777); changed = true
+            }
+            if let uid = changes.uid, uid != UInt32.max { s.record.uid = uid; changed = true }
+            if let gid = changes.gid, gid != UInt32.max { s.record.gid = gid; changed = true }
+            if (changes.uid != nil || changes.gid != nil) && !s.isDirectory {
+                // chown clears setuid, and setgid when group-executable (as chown(2) on Linux).
+                s.record.mode &= ~UInt32(S_ISUID)
+                if s.record.mode & UInt32(S_IXGRP) != 0 { s.record.mode &= ~UInt32(S_ISGID) }
+            }
+            if let a = changes.atime { s.record.atime = a.resolved(now); changed = true }
+            if let m = changes.mtime { s.record.mtime = m.resolved(now); changed = true }
+            if changed { s.record.ctime = changes.ctime?.stored ?? now }
+            s.dirty = true
+            try persist(s)
+            return attributes(s)
+        }
+    }
+
+    public func statfs() throws(FSError) -> FileSystemStatistics {
+        var st = statvfs()
+        guard statvfs(statfsPath, &st) == 0 else { throw FSError(errno) }
+        return FileSystemStatistics(blockSize: UInt64(st.f_frsize), totalBlocks: UInt64(st.f_blocks), freeBlocks: UInt64(st.f_bfree),
+                                    availableBlocks: UInt64(st.f_bavail), totalFiles: UInt64(st.f_files), freeFiles: UInt64(st.f_ffree),
+                                    maxNameLength: UInt64(DirectoryEntryRecord.maxNameLength))
+    }
+
+    // MARK: Extended attributes (user.* only; names and values sealed)
+
+    private static let userPrefix = Array("user.".utf8)
+
+    public func setxattr(_ ino: InodeNumber, name: [UInt8], value: [UInt8], flags: Int32) throws(FSError) {
+        try checkWritable()
+        guard name.starts(with: Self.userPrefix) else { throw .notSupported }
+        guard name.count <= ExtendedAttributeRecord.maxNameLength, name.count > Self.userPrefix.count else { throw .range }
+        guard value.count <= ExtendedAttributeRecord.maxValueLength else { throw FSError(E2BIG) }
+        try meta.withLock { () throws(FSError) in
+            let s = try state(ino)
+            guard !s.isSymlink else { throw .permission }
+            let exists: Bool
+            do { exists = try store.xattr(ino, name: name) != nil } catch { throw fsError(error, "xattr of inode \(ino)") }
+            if flags & 1 != 0 && exists { throw .exists }            // XATTR_CREATE
+            if flags & 2 != 0 && !exists { throw .noData }           // XATTR_REPLACE
+            do { try store.putXattr(ino, name: name, value: value) } catch { throw fsError(error) }
+            s.record.ctime = .now(); s.dirty = true
+        }
+    }
+
+    public func getxattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError) -> [UInt8] {
+        // Other namespaces (security.capability is asked on every write) have nothing: no store visit.
+        guard name.starts(with: Self.userPrefix) else { throw .noData }
+        return try meta.withLock { () throws(FSError) -> [UInt8] in
+            _ = try state(ino)
+            let value: [UInt8]?
+            do { value = try store.xattr(ino, name: name) } catch { throw fsError(error, "xattr of inode \(ino)") }
+            guard let value else { throw .noData }
+            return value
+        }
+    }
+
+    public func listxattr(_ ino: InodeNumber) throws(FSError) -> [[UInt8]] {
+        try meta.withLock { () throws(FSError) -> [[UInt8]] in
+            _ = try state(ino)
+            do { return try store.xattrs(ino).map(\.name) } catch { throw fsError(error, "xattrs of inode \(ino)") }
+        }
+    }
+
+    public func removexattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError) {
+        try checkWritable()
+        guard name.starts(with: Self.userPrefix) else { throw .noData }
+        try meta.withLock { () throws(FSError) in
+            let s = try state(ino)
+            let removed: Bool
+            do { removed = try store.deleteXattr(ino, name: name) } catch { throw fsError(error) }
+            guard removed else { throw .noData }
+            s.record.ctime = .now(); s.dirty = true
+        }
+    }
+}
+
+extension TimeChange {
+    func resolved(_ now: StoredTime) -> StoredTime {
+        switch self {
+        case .now: return now
+        case .set(let t): return t.stored
+        }
+    }
+}

@@ -1,0 +1,236 @@
+import CofferCrypto
+import CofferStore
+import Foundation
+import Glibc
+import Logging
+
+/// POSIX filesystem semantics over the sealed entity store.
+///
+/// Locking: `meta` guards the inode table, the handle tables and every multi-step store change,
+/// so a group commit (also taken under `meta`) never splits an operation. Content reads and
+/// writes hold the inode's content lock and take `meta` only briefly; sealing and opening chunks
+/// happen outside `meta`, so several files encrypt in parallel. Order: content lock, then `meta`.
+public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
+    public struct Options: Sendable {
+        /// Absolute mountpoint: absolute symlink targets inside it are stored container-relative.
+        /// nil stores every target as given.
+        public var symlinkRoot: String?
+        public var readOnly = false
+        public var cacheTimeouts = CacheTimeouts(entry: 5, attributes: 5, negativeEntry: 1)
+        /// A group commit happens at the latest this long after the first uncommitted change.
+        public var commitInterval: Duration = .seconds(1)
+        /// ... or once this many bytes are waiting.
+        public var commitVolume = 64 << 20
+        public init() {}
+    }
+
+    let store: EntityStore
+    let keys: ContainerKeys
+    let chunkSize: Int
+    let options: Options
+    let logger: Logger
+    let statfsPath: String
+
+    let meta = Lock()
+    var inodes: [InodeNumber: InodeState] = [:]
+    var files: [HandleID: OpenFile] = [:]
+    var directories: [HandleID: [DirectoryEntryRecord]] = [:]
+    var nextHandle: HandleID = 1
+    private var rolledBack = false
+    private var stopped = false
+    private var committer: Thread?
+
+    public var cacheTimeouts: CacheTimeouts { options.cacheTimeouts }
+    public var isReadOnly: Bool { options.readOnly }
+
+    struct OpenFile {
+        let ino: InodeNumber
+        let flags: Int32
+    }
+
+    /// Opens the filesystem over an open store. Orphans left by a crash are removed first.
+    public init(store: EntityStore, chunkSize: Int, options: Options, statfsPath: String, logger: Logger) throws(FSError) {
+        self.store = store
+        self.keys = store.keys
+        self.chunkSize = chunkSize
+        self.options = options
+        self.logger = logger
+        self.statfsPath = statfsPath
+        guard (try? store.inode(EntityStore.rootInode)) != nil else {
+            logger.error("the root directory is missing or damaged")
+            throw .io
+        }
+        store.onRollback = { [weak self] in self?.rolledBack = true }
+        if !options.readOnly { try removeOrphans() }
+    }
+
+    /// Starts the background group committer (the mount does; unit tests may commit by hand).
+    public func startCommitter() {
+        let thread = Thread { [weak self] in
+            while let fs = self, !fs.meta.withLock({ fs.stopped }) {
+                Thread.sleep(forTimeInterval: 0.2)
+                fs.commitIfDue()
+            }
+        }
+        thread.name = "coffer-commit"
+        committer = thread
+        thread.start()
+    }
+
+    public func shutdown() {
+        meta.withLock { stopped = true }
+        do { try commit() } catch { logger.error("final commit failed: \(error)") }
+        store.close()
+    }
+
+    // MARK: Errors
+
+    /// Maps store failures to errno, logging what a user needs to hear once.
+    func fsError(_ error: any Error, _ context: @autoclosure () -> String = "") -> FSError {
+        if let e = error as? FSError { return e }
+        guard let error = error as? StoreError else {
+            logger.error("unexpected error: \(error)")
+            return .io
+        }
+        switch error {
+        case .diskFull: return .noSpace
+        case .readOnly: return .readOnly
+        case .authenticationFailed, .malformed:
+            logger.error("damaged entity: \(error)\(context().isEmpty ? "" : " (\(context()))")")
+            return .io
+        default:
+            logger.error("store error: \(error)")
+            return .io
+        }
+    }
+
+    func checkWritable() throws(FSError) { if options.readOnly { throw .readOnly } }
+
+    // MARK: Inode table (call under meta)
+
+    func state(_ ino: InodeNumber) throws(FSError) -> InodeState {
+        if rolledBack { reloadAfterRollback() }
+        if let s = inodes[ino] { return s }
+        let record: InodeRecord?
+        do { record = try store.inode(ino) } catch { throw fsError(error, "inode \(ino)") }
+        guard let record else { throw .notFound }
+        let s = InodeState(ino: ino, record: record)
+        inodes[ino] = s
+        return s
+    }
+
+    func directory(_ ino: InodeNumber) throws(FSError) -> InodeState {
+        let s = try state(ino)
+        guard s.isDirectory else { throw .notDirectory }
+        return s
+    }
+
+    /// The store dropped uncommitted work (disk full): reread what is cached.
+    private func reloadAfterRollback() {
+        rolledBack = false
+        logger.warning("uncommitted changes were rolled back by the store; reloading")
+        for (ino, s) in inodes {
+            if let r = try? store.inode(ino) { s.record = r; s.dirty = false; s.deleted = false }
+            else if s.lookups == 0 && s.opens == 0 { inodes[ino] = nil }
+        }
+    }
+
+    /// Writes a changed record now (inside the open group transaction).
+    func persist(_ s: InodeState) throws(FSError) {
+        guard !s.deleted else { return }
+        do { try store.putInode(s.ino, s.record) } catch { throw fsError(error) }
+        s.dirty = false
+    }
+
+    /// Drops an inode from memory once the kernel and all handles are done with it; deletes its
+    /// content when it has no name left.
+    func release(ifUnused s: InodeState) {
+        guard s.lookups == 0, s.opens == 0 else { return }
+        if s.record.nlink == 0 && !s.deleted {
+            try? destroy(s)
+        } else if s.dirty {
+            try? persist(s)
+        }
+        if s.ino != EntityStore.rootInode { inodes[s.ino] = nil }
+    }
+
+    /// Removes an inode and everything it owns from the store.
+    func destroy(_ s: InodeState) throws(FSError) {
+        do {
+            if s.record.contentId != 0 && (s.isRegular) { try store.deleteChunks(file: s.record.contentId) }
+            try store.deleteXattrs(s.ino)
+            try store.deleteInode(s.ino)
+            if s.orphaned { try store.removeOrphan(s.ino); s.orphaned = false }
+        } catch { throw fsError(error) }
+        s.deleted = true
+        s.dirty = false
+    }
+
+    private func removeOrphans() throws(FSError) {
+        do {
+            let ids = try store.orphans()
+            for id in ids {
+                if let r = try? store.inode(id), r.nlink == 0 {
+                    let s = InodeState(ino: id, record: r)
+                    try destroy(s)
+                }
+                try store.removeOrphan(id)
+            }
+            if !ids.isEmpty {
+                logger.info("removed \(ids.count) file(s) left unlinked but open by an earlier session")
+                try store.commit()
+            }
+        } catch let e as FSError { throw e } catch { throw .io }
+    }
+
+    // MARK: Group commit
+
+    /// Writes every changed record and makes it durable in one commit.
+    public func commit() throws(FSError) {
+        try meta.withLock { () throws(FSError) in
+            for s in inodes.values where s.dirty { try persist(s) }
+            do { try store.commit() } catch { throw fsError(error) }
+        }
+    }
+
+    func commitIfDue() {
+        guard !options.readOnly, store.hasPendingChanges else { return }
+        meta.withLock {
+            do {
+                for s in inodes.values where s.dirty { try persist(s) }
+                try store.commitIfDue(age: options.commitInterval, volume: options.commitVolume)
+            } catch {
+                logger.error("group commit failed: \(error)")
+            }
+        }
+    }
+
+    // MARK: Helpers
+
+    func attributes(_ s: InodeState) -> Attributes {
+        let r = s.record
+        return Attributes(ino: s.ino, mode: r.mode, nlink: r.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
+                          size: r.size, blocks: (r.size + 511) / 512,
+                          atime: Timestamp(r.atime), mtime: Timestamp(r.mtime), ctime: Timestamp(r.ctime))
+    }
+
+    func newHandle() -> HandleID {
+        defer { nextHandle &+= 1 }
+        return nextHandle
+    }
+
+    static func validate(name: [UInt8]) throws(FSError) {
+        guard !name.isEmpty, !name.contains(0), !name.contains(UInt8(ascii: "/")) else { throw .invalid }
+        guard name.count <= DirectoryEntryRecord.maxNameLength else { throw .nameTooLong }
+        if name == [UInt8(ascii: ".")] || name == [UInt8(ascii: "."), UInt8(ascii: ".")] { throw .invalid }
+    }
+}
+
+extension Timestamp {
+    init(_ t: StoredTime) { self.init(seconds: t.seconds, nanoseconds: t.nanoseconds) }
+    var stored: StoredTime { StoredTime(seconds: seconds, nanoseconds: nanoseconds) }
+}
+
+extension StoredTime {
+    static func now() -> StoredTime { Timestamp.now().stored }
+}

@@ -1,0 +1,242 @@
+import CofferCrypto
+import CofferStore
+import Glibc
+
+/// File content: chunked, each chunk sealed under the file's key and bound to (content id, index).
+/// A chunk holds the bytes written into it up to the end of the data; bytes past a chunk's
+/// plaintext inside the file size read as zeros (holes).
+extension CofferFileSystem {
+    public func open(_ ino: InodeNumber, flags: Int32, caller: Caller) throws(FSError) -> OpenResult {
+        let writing = flags & O_ACCMODE != O_RDONLY
+        if writing || flags & O_TRUNC != 0 { try checkWritable() }
+        let s = try meta.withLock { () throws(FSError) -> InodeState in
+            let s = try state(ino)
+            if s.isDirectory { throw .isDirectory }
+            s.opens += 1
+            return s
+        }
+        if flags & O_TRUNC != 0 && s.isRegular {
+            do { try truncate(s, to: 0) } catch { meta.withLock { s.opens -= 1 }; throw error }
+        }
+        return meta.withLock {
+            let h = newHandle()
+            files[h] = OpenFile(ino: ino, flags: flags)
+            // The kernel's page cache stays valid across opens: every change goes through us.
+            return OpenResult(handle: h, keepCache: true)
+        }
+    }
+
+    public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
+        try meta.withLock { () throws(FSError) -> (Attributes, OpenResult) in
+            let s = try makeNode(parent: parent, name: name, mode: UInt32(S_IFREG) | (mode & 0o7777), caller: caller)
+            s.opens += 1
+            let h = newHandle()
+            files[h] = OpenFile(ino: s.ino, flags: flags)
+            return (attributes(s), OpenResult(handle: h, keepCache: true))
+        }
+    }
+
+    public func release(_ ino: InodeNumber, handle: HandleID) {
+        meta.withLock {
+            guard files.removeValue(forKey: handle) != nil, let s = inodes[ino] else { return }
+            s.opens -= 1
+            if s.opens == 0 {
+                if s.record.nlink == 0 && !s.deleted { try? destroy(s) }
+                else if s.dirty { try? persist(s) }
+            }
+            release(ifUnused: s)
+        }
+    }
+
+    public func flush(_ ino: InodeNumber, handle: HandleID) throws(FSError) {
+        try meta.withLock { () throws(FSError) in
+            if let s = inodes[ino], s.dirty { try persist(s) }
+        }
+    }
+
+    /// Durable once it returns: the group transaction, with this file in it, is committed.
+    public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
+        guard !options.readOnly else { return }
+        try commit()
+    }
+
+    // MARK: Reading
+
+    public func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8] {
+        let s = try meta.withLock { () throws(FSError) -> InodeState in
+            guard files[handle] != nil else { throw .badHandle }
+            return try state(ino)
+        }
+        return try s.content.withReadLock { () throws(FSError) -> [UInt8] in
+            let (fileSize, contentId, cipher) = try meta.withLock { () throws(FSError) in
+                (s.record.size, s.record.contentId, try s.cipher(keys))
+            }
+            guard offset < fileSize, size > 0 else { return [] }
+            let count = Int(min(UInt64(size), fileSize - offset))
+            return try readRange(contentId: contentId, cipher: cipher, offset: offset, count: count)
+        }
+    }
+
+    /// Bytes [offset, offset+count) of a file's content; missing chunks read as zeros.
+    func readRange(contentId: UInt64, cipher: AESGCM, offset: UInt64, count: Int) throws(FSError) -> [UInt8] {
+        let cs = UInt64(chunkSize)
+        let first = offset / cs, last = (offset + UInt64(count) - 1) / cs
+        let chunks: [(index: UInt64, sealed: [UInt8])]
+        do { chunks = try store.sealedChunks(file: contentId, first: first, last: last) } catch { throw fsError(error, "content \(contentId)") }
+        var output = [UInt8](repeating: 0, count: count)
+        var scratch: [UInt8] = []
+        for chunk in chunks {
+            let start = chunk.index * cs
+            let from = max(offset, start), to = min(offset + UInt64(count), start + cs)
+            guard from < to else { continue }
+            let fullyInside = start >= offset && start + cs <= offset + UInt64(count)
+            if fullyInside {
+                // Open straight into the reply buffer.
+                do {
+                    try output.withUnsafeMutableBytes { out in
+                        let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(start - offset) ..< Int(start - offset + cs)])
+                        _ = try store.openChunk(chunk.sealed, file: contentId, index: chunk.index, cipher: cipher, into: dst)
+                    }
+                } catch { throw fsError(error, "content \(contentId)") }
+            } else {
+                if scratch.isEmpty { scratch = [UInt8](repeating: 0, count: chunkSize) }
+                let n: Int
+                do { n = try scratch.withUnsafeMutableBytes { try store.openChunk(chunk.sealed, file: contentId, index: chunk.index, cipher: cipher, into: $0) } } catch {
+                    throw fsError(error, "content \(contentId)")
+                }
+                let available = start + UInt64(n)
+                if from < available {
+                    let end = min(to, available)
+                    output.withUnsafeMutableBytes { out in
+                        scratch.withUnsafeBytes { src in
+                            let dst = out.baseAddress.map { $0 + Int(from - offset) }
+                            let s = src.baseAddress.map { $0 + Int(from - start) }
+                            if let dst, let s { dst.copyMemory(from: s, byteCount: Int(end - from)) }
+                        }
+                    }
+                }
+            }
+        }
+        return output
+    }
+
+    // MARK: Writing
+
+    public func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
+        try checkWritable()
+        let (s, flags) = try meta.withLock { () throws(FSError) -> (InodeState, Int32) in
+            guard let f = files[handle] else { throw .badHandle }
+            return (try state(ino), f.flags)
+        }
+        guard s.isRegular else { throw .invalid }
+        guard !data.isEmpty else { return 0 }
+        try s.content.withWriteLock { () throws(FSError) in
+            let (size, contentId, cipher) = try meta.withLock { () throws(FSError) in
+                (s.record.size, s.record.contentId, try s.cipher(keys))
+            }
+            let start = flags & O_APPEND != 0 ? size : offset
+            let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
+            guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
+            try writeRange(contentId: contentId, cipher: cipher, oldSize: size, offset: start, data: data)
+            try meta.withLock { () throws(FSError) in
+                let now = StoredTime.now()
+                s.record.size = max(s.record.size, end)
+                s.record.mtime = now; s.record.ctime = now
+                // Writing drops setuid/setgid, as local filesystems do.
+                if s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 { s.record.mode &= ~UInt32(S_ISUID | S_ISGID) }
+                s.dirty = true
+            }
+        }
+        if store.hasPendingChanges { commitIfDue() }
+        return data.count
+    }
+
+    /// Seals and stores the chunks that [offset, offset+data.count) touches, merging partial chunks
+    /// with what they held. Call with the content lock held for writing.
+    func writeRange(contentId: UInt64, cipher: AESGCM, oldSize: UInt64, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) {
+        let cs = UInt64(chunkSize)
+        let end = offset + UInt64(data.count)
+        let first = offset / cs, last = (end - 1) / cs
+        // Only the first and last chunk can be partial; read those that hold data.
+        var existing: [UInt64: [UInt8]] = [:]
+        for index in Set([first, last]) {
+            let start = index * cs
+            let covered = offset <= start && end >= start + cs
+            if covered || start >= oldSize { continue }
+            existing[index] = try readRange(contentId: contentId, cipher: cipher, offset: start, count: Int(min(cs, oldSize - start)))
+        }
+        var sealed: [(index: UInt64, sealed: [UInt8])] = []
+        sealed.reserveCapacity(Int(last - first + 1))
+        for index in first ... last {
+            let start = index * cs
+            let from = max(offset, start), to = min(end, start + cs)
+            let srcOffset = Int(from - offset)
+            do {
+                if from == start && to == start + cs {
+                    let slice = UnsafeRawBufferPointer(rebasing: data[srcOffset ..< srcOffset + Int(cs)])
+                    sealed.append((index, try store.sealChunk(slice, file: contentId, index: index, cipher: cipher)))
+                } else {
+                    var plain = existing[index] ?? []
+                    let needed = Int(to - start)
+                    if plain.count < needed { plain.append(contentsOf: repeatElement(0, count: needed - plain.count)) }
+                    plain.withUnsafeMutableBytes { p in
+                        let dst = UnsafeMutableRawBufferPointer(rebasing: p[Int(from - start) ..< Int(to - start)])
+                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: data[srcOffset ..< srcOffset + Int(to - from)]))
+                    }
+                    sealed.append((index, try plain.withUnsafeBytes { try store.sealChunk($0, file: contentId, index: index, cipher: cipher) }))
+                }
+            } catch { throw fsError(error) }
+        }
+        do { try store.putChunks(file: contentId, sealed) } catch { throw fsError(error) }
+    }
+
+    /// Sets the size: shrinking drops whole chunks past the end and trims the last one, so bytes
+    /// past the new end read as zeros if the file grows again.
+    func truncate(_ s: InodeState, to newSize: UInt64) throws(FSError) {
+        try checkWritable()
+        guard s.isRegular else { throw s.isDirectory ? .isDirectory : .invalid }
+        guard newSize <= UInt64(Int64.max) else { throw .fileTooBig }
+        try s.content.withWriteLock { () throws(FSError) in
+            try meta.withLock { () throws(FSError) in
+                let old = s.record.size
+                let now = StoredTime.now()
+                if newSize < old {
+                    let cs = UInt64(chunkSize)
+                    let keep = (newSize + cs - 1) / cs
+                    let cipher = try s.cipher(keys)
+                    do { try store.deleteChunks(file: s.record.contentId, from: keep) } catch { throw fsError(error) }
+                    let tail = newSize % cs
+                    if tail != 0 {
+                        let index = newSize / cs
+                        let bytes = try readRange(contentId: s.record.contentId, cipher: cipher, offset: index * cs, count: Int(tail))
+                        do {
+                            let sealed = try bytes.withUnsafeBytes { try store.sealChunk($0, file: s.record.contentId, index: index, cipher: cipher) }
+                            try store.putChunk(file: s.record.contentId, index: index, sealed: sealed)
+                        } catch { throw fsError(error) }
+                    }
+                }
+                s.record.size = newSize
+                if newSize != old { s.record.mtime = now }
+                s.record.ctime = now
+                s.dirty = true
+            }
+        }
+    }
+
+    public func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError) {
+        try checkWritable()
+        guard mode == 0 || mode == 1 else { throw .notSupported }  // 1 = FALLOC_FL_KEEP_SIZE
+        let s = try meta.withLock { () throws(FSError) in try state(ino) }
+        guard s.isRegular else { throw .invalid }
+        let (end, overflow) = offset.addingReportingOverflow(length)
+        guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
+        // Space cannot be reserved inside SQLite; growing the size is what callers observe.
+        if mode == 0, end > s.record.size {
+            try s.content.withWriteLock { () throws(FSError) in
+                meta.withLock {
+                    if end > s.record.size { s.record.size = end; s.record.ctime = .now(); s.dirty = true }
+                }
+            }
+        }
+    }
+}

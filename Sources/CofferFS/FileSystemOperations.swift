@@ -1,0 +1,57 @@
+/// The filesystem surface the FUSE adapter calls, one method per low-level operation.
+///
+/// Errors are thrown as `FSError` (errno). Names are raw bytes (Linux names need not be UTF-8),
+/// at most 255 bytes, never containing "/" or NUL. Every method is safe to call from many threads.
+/// Lookup counting follows libfuse: every successful `lookup`, `create`, `mknod`, `mkdir`, `symlink`,
+/// `link` and each readdirplus entry adds one reference that `forget` later removes.
+public protocol FileSystemOperations: AnyObject, Sendable {
+    var cacheTimeouts: CacheTimeouts { get }
+    /// True when mounted read-only: every mutation throws EROFS.
+    var isReadOnly: Bool { get }
+
+    func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes
+    func forget(_ ino: InodeNumber, lookups: UInt64)
+    func getattr(_ ino: InodeNumber) throws(FSError) -> Attributes
+    /// `handle` is set when called on an open file (ftruncate, futimens).
+    func setattr(_ ino: InodeNumber, changes: AttributeChanges, handle: HandleID?, caller: Caller) throws(FSError) -> Attributes
+    func readlink(_ ino: InodeNumber) throws(FSError) -> [UInt8]
+
+    func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes
+    func mkdir(parent: InodeNumber, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes
+    func symlink(parent: InodeNumber, name: [UInt8], target: [UInt8], caller: Caller) throws(FSError) -> Attributes
+    func link(_ ino: InodeNumber, newParent: InodeNumber, newName: [UInt8]) throws(FSError) -> Attributes
+    func unlink(parent: InodeNumber, name: [UInt8]) throws(FSError)
+    func rmdir(parent: InodeNumber, name: [UInt8]) throws(FSError)
+    func rename(parent: InodeNumber, name: [UInt8], newParent: InodeNumber, newName: [UInt8], flags: RenameFlags) throws(FSError)
+
+    /// `flags` are open(2) flags (O_ACCMODE, O_TRUNC, O_APPEND, ...).
+    func open(_ ino: InodeNumber, flags: Int32, caller: Caller) throws(FSError) -> OpenResult
+    func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult)
+    /// Reads up to `size` bytes; fewer only at end of file.
+    func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8]
+    /// Returns the number of bytes written (all of them unless an error is thrown).
+    func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int
+    func flush(_ ino: InodeNumber, handle: HandleID) throws(FSError)
+    func release(_ ino: InodeNumber, handle: HandleID)
+    func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError)
+    /// mode: 0 or FALLOC_FL_KEEP_SIZE (1); others give EOPNOTSUPP.
+    func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError)
+
+    func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID
+    /// Entries after cookie `offset` (0 = from the start, "." and ".." included), at most `limit` of them.
+    /// With `plus`, each entry carries attributes and counts as a lookup.
+    func readdir(_ ino: InodeNumber, handle: HandleID, offset: Int64, limit: Int, plus: Bool) throws(FSError) -> [DirectoryEntry]
+    func releasedir(_ ino: InodeNumber, handle: HandleID)
+    func fsyncdir(_ ino: InodeNumber, handle: HandleID, dataOnly: Bool) throws(FSError)
+
+    func statfs() throws(FSError) -> FileSystemStatistics
+
+    func setxattr(_ ino: InodeNumber, name: [UInt8], value: [UInt8], flags: Int32) throws(FSError)
+    func getxattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError) -> [UInt8]
+    /// Names, each without terminator (the adapter joins them with NULs).
+    func listxattr(_ ino: InodeNumber) throws(FSError) -> [[UInt8]]
+    func removexattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError)
+
+    /// Commits everything and stops accepting work (unmount).
+    func shutdown()
+}

@@ -1,0 +1,38 @@
+import CofferCrypto
+import CofferStore
+
+/// What the filesystem keeps in memory about an inode the kernel knows: its decoded record (the
+/// authority while mounted; written back lazily), the kernel's lookup count and open handles.
+final class InodeState: @unchecked Sendable {
+    let ino: InodeNumber
+    var record: InodeRecord
+    /// References the kernel holds (lookup, create, readdirplus...), dropped by forget.
+    var lookups: UInt64 = 0
+    var opens = 0
+    /// The record changed in memory and is not yet in the store.
+    var dirty = false
+    /// The inode row was deleted (nlink 0, nothing open); kept only for the kernel's last references.
+    var deleted = false
+    /// Unlinked while open: listed in the store's orphans until its last close.
+    var orphaned = false
+    /// Serializes content changes; reads share it.
+    let content = ReadWriteLock()
+    private var cachedCipher: AESGCM?
+
+    init(ino: InodeNumber, record: InodeRecord) { self.ino = ino; self.record = record }
+
+    var fileType: UInt32 { record.mode & UInt32(S_IFMT) }
+    var isDirectory: Bool { fileType == UInt32(S_IFDIR) }
+    var isRegular: Bool { fileType == UInt32(S_IFREG) }
+    var isSymlink: Bool { fileType == UInt32(S_IFLNK) }
+
+    /// The per-file content cipher, derived once per inode while it is in memory. Call under the meta lock.
+    func cipher(_ keys: ContainerKeys) throws(FSError) -> AESGCM {
+        if let c = cachedCipher { return c }
+        guard let c = try? keys.fileCipher(contentId: record.contentId) else { throw .io }
+        cachedCipher = c
+        return c
+    }
+}
+
+import Glibc

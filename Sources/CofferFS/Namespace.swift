@@ -1,0 +1,286 @@
+import CofferStore
+import Glibc
+
+/// Names: lookup, creation, removal, links and rename.
+extension CofferFileSystem {
+    public func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes {
+        guard name.count <= DirectoryEntryRecord.maxNameLength else { throw .nameTooLong }
+        return try meta.withLock { () throws(FSError) -> Attributes in
+            _ = try directory(parent)
+            let child = try entryState(parent: parent, name: name)
+            child.lookups += 1
+            return attributes(child)
+        }
+    }
+
+    public func forget(_ ino: InodeNumber, lookups: UInt64) {
+        meta.withLock {
+            guard let s = inodes[ino] else { return }
+            s.lookups = s.lookups > lookups ? s.lookups - lookups : 0
+            release(ifUnused: s)
+        }
+    }
+
+    /// The inode a name points to (call under meta).
+    func entryState(parent: InodeNumber, name: [UInt8]) throws(FSError) -> InodeState {
+        let entry: DirectoryEntryRecord?
+        do { entry = try store.entry(parent: parent, name: name) } catch { throw fsError(error, "an entry of directory \(parent)") }
+        guard let entry else { throw .notFound }
+        return try state(entry.ino)
+    }
+
+    func existingEntry(parent: InodeNumber, name: [UInt8]) throws(FSError) -> DirectoryEntryRecord? {
+        do { return try store.entry(parent: parent, name: name) } catch { throw fsError(error, "an entry of directory \(parent)") }
+    }
+
+    /// Creates an inode and its entry; the new inode counts one lookup. Call under meta.
+    func makeNode(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64 = 0, caller: Caller,
+                  symlink: StoredPath? = nil, size: UInt64 = 0) throws(FSError) -> InodeState {
+        try checkWritable()
+        try Self.validate(name: name)
+        let dir = try directory(parent)
+        guard dir.record.nlink > 0 else { throw .notFound }
+        guard try existingEntry(parent: parent, name: name) == nil else { throw .exists }
+        let now = StoredTime.now()
+        var mode = mode
+        var gid = caller.gid
+        // The setgid directory rule: new entries take the directory's group; subdirectories keep the bit.
+        if dir.record.mode & UInt32(S_ISGID) != 0 {
+            gid = dir.record.gid
+            if mode & UInt32(S_IFMT) == UInt32(S_IFDIR) { mode |= UInt32(S_ISGID) }
+        }
+        let isDir = mode & UInt32(S_IFMT) == UInt32(S_IFDIR)
+        let ino: InodeNumber
+        let contentId: UInt64
+        do {
+            ino = try store.newInodeId()
+            contentId = mode & UInt32(S_IFMT) == UInt32(S_IFREG) ? try EntityStore.newContentId() : 0
+        } catch { throw fsError(error) }
+        let record = InodeRecord(mode: mode, uid: caller.uid, gid: gid, nlink: isDir ? 2 : 1, size: size, rdev: rdev,
+                                 atime: now, mtime: now, ctime: now, contentId: contentId, symlinkTarget: symlink)
+        let s = InodeState(ino: ino, record: record)
+        do {
+            try store.putInode(ino, record)
+            try store.putEntry(parent: parent, DirectoryEntryRecord(name: name, ino: ino, type: mode & UInt32(S_IFMT)))
+        } catch { throw fsError(error) }
+        if isDir { dir.record.nlink += 1 }
+        dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
+        s.lookups = 1
+        inodes[ino] = s
+        return s
+    }
+
+    public func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes {
+        let type = mode & UInt32(S_IFMT)
+        guard [S_IFREG, S_IFIFO, S_IFCHR, S_IFBLK, S_IFSOCK].contains(where: { UInt32($0) == type }) else { throw .invalid }
+        return try meta.withLock { () throws(FSError) -> Attributes in
+            attributes(try makeNode(parent: parent, name: name, mode: mode, rdev: rdev, caller: caller))
+        }
+    }
+
+    public func mkdir(parent: InodeNumber, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes {
+        try meta.withLock { () throws(FSError) -> Attributes in
+            attributes(try makeNode(parent: parent, name: name, mode: UInt32(S_IFDIR) | (mode & 0o7777), caller: caller))
+        }
+    }
+
+    public func symlink(parent: InodeNumber, name: [UInt8], target: [UInt8], caller: Caller) throws(FSError) -> Attributes {
+        guard !target.isEmpty, target.count <= ContainerPathTransformer.maxLength, !target.contains(0) else { throw .nameTooLong }
+        let stored: StoredPath = options.symlinkRoot.map { ContainerPathTransformer.store(target, root: Array($0.utf8)) } ?? .verbatim(target)
+        return try meta.withLock { () throws(FSError) -> Attributes in
+            attributes(try makeNode(parent: parent, name: name, mode: UInt32(S_IFLNK) | 0o777, caller: caller,
+                                    symlink: stored, size: UInt64(target.count)))
+        }
+    }
+
+    public func readlink(_ ino: InodeNumber) throws(FSError) -> [UInt8] {
+        try meta.withLock { () throws(FSError) -> [UInt8] in
+            let s = try state(ino)
+            guard s.isSymlink, let stored = s.record.symlinkTarget else { throw .invalid }
+            let root = Array((options.symlinkRoot ?? "/").utf8)
+            do { return try ContainerPathTransformer.resolve(stored, root: root) } catch {
+                logger.error("symlink \(ino) holds a refused target: \(error)")
+                throw .io
+            }
+        }
+    }
+
+    public func link(_ ino: InodeNumber, newParent: InodeNumber, newName: [UInt8]) throws(FSError) -> Attributes {
+        try checkWritable()
+        try Self.validate(name: newName)
+        return try meta.withLock { () throws(FSError) -> Attributes in
+            let s = try state(ino)
+            guard !s.isDirectory else { throw .permission }
+            guard s.record.nlink > 0, !s.deleted else { throw .notFound }
+            guard s.record.nlink < UInt32.max - 1 else { throw .tooManyLinks }
+            let dir = try directory(newParent)
+            guard try existingEntry(parent: newParent, name: newName) == nil else { throw .exists }
+            do { try store.putEntry(parent: newParent, DirectoryEntryRecord(name: newName, ino: ino, type: s.fileType)) } catch { throw fsError(error) }
+            let now = StoredTime.now()
+            s.record.nlink += 1; s.record.ctime = now
+            try persist(s)
+            dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
+            s.lookups += 1
+            return attributes(s)
+        }
+    }
+
+    public func unlink(parent: InodeNumber, name: [UInt8]) throws(FSError) {
+        try checkWritable()
+        try meta.withLock { () throws(FSError) in
+            let dir = try directory(parent)
+            let s = try entryState(parent: parent, name: name)
+            guard !s.isDirectory else { throw .isDirectory }
+            do { try store.deleteEntry(parent: parent, name: name) } catch { throw fsError(error) }
+            let now = StoredTime.now()
+            dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
+            try dropLink(s, now: now)
+        }
+    }
+
+    /// One name fewer: the inode goes when its last name goes and nothing holds it open.
+    /// An open file without names stays (an orphan row makes a crash clean it up at next mount).
+    func dropLink(_ s: InodeState, now: StoredTime) throws(FSError) {
+        s.record.nlink = s.record.nlink > 0 ? s.record.nlink - 1 : 0
+        s.record.ctime = now
+        if s.record.nlink > 0 { try persist(s); return }
+        if s.opens > 0 {
+            try persist(s)
+            do { try store.addOrphan(s.ino) } catch { throw fsError(error) }
+            s.orphaned = true
+        } else {
+            try destroy(s)
+            release(ifUnused: s)
+        }
+    }
+
+    public func rmdir(parent: InodeNumber, name: [UInt8]) throws(FSError) {
+        try checkWritable()
+        try meta.withLock { () throws(FSError) in
+            let dir = try directory(parent)
+            let s = try entryState(parent: parent, name: name)
+            guard s.isDirectory else { throw .notDirectory }
+            try requireEmpty(s)
+            do { try store.deleteEntry(parent: parent, name: name) } catch { throw fsError(error) }
+            let now = StoredTime.now()
+            dir.record.nlink -= 1; dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
+            s.record.nlink = 0
+            try destroy(s)
+            release(ifUnused: s)
+        }
+    }
+
+    func requireEmpty(_ dir: InodeState) throws(FSError) {
+        let nonEmpty: Bool
+        do { nonEmpty = try store.hasEntries(parent: dir.ino) } catch { throw fsError(error) }
+        if nonEmpty { throw .notEmpty }
+    }
+
+    public func rename(parent: InodeNumber, name: [UInt8], newParent: InodeNumber, newName: [UInt8], flags: RenameFlags) throws(FSError) {
+        try checkWritable()
+        try Self.validate(name: newName)
+        guard flags.isSubset(of: [.noReplace, .exchange]), flags != [.noReplace, .exchange] else { throw .invalid }
+        try meta.withLock { () throws(FSError) in
+            let fromDir = try directory(parent)
+            let toDir = try directory(newParent)
+            let source = try entryState(parent: parent, name: name)
+            let targetEntry = try existingEntry(parent: newParent, name: newName)
+            let now = StoredTime.now()
+            func put(_ dir: InodeNumber, _ n: [UInt8], _ s: InodeState) throws(FSError) {
+                do { try store.putEntry(parent: dir, DirectoryEntryRecord(name: n, ino: s.ino, type: s.fileType)) } catch { throw fsError(error) }
+            }
+            func touch(_ dirs: InodeState...) { for d in dirs { d.record.mtime = now; d.record.ctime = now; d.dirty = true } }
+
+            if flags.contains(.exchange) {
+                guard let targetEntry else { throw .notFound }
+                let target = try state(targetEntry.ino)
+                try put(parent, name, target)
+                try put(newParent, newName, source)
+                if parent != newParent && source.isDirectory != target.isDirectory {
+                    if source.isDirectory { fromDir.record.nlink -= 1; toDir.record.nlink += 1 }
+                    else { fromDir.record.nlink += 1; toDir.record.nlink -= 1 }
+                }
+                source.record.ctime = now; target.record.ctime = now
+                source.dirty = true; target.dirty = true
+                touch(fromDir, toDir)
+                return
+            }
+            if let targetEntry {
+                guard !flags.contains(.noReplace) else { throw .exists }
+                if targetEntry.ino == source.ino { return }
+                let target = try state(targetEntry.ino)
+                if source.isDirectory {
+                    guard target.isDirectory else { throw .notDirectory }
+                    try requireEmpty(target)
+                } else if target.isDirectory {
+                    throw .isDirectory
+                }
+                if target.isDirectory {
+                    toDir.record.nlink -= 1
+                    target.record.nlink = 0
+                    try destroy(target)
+                    release(ifUnused: target)
+                } else {
+                    try dropLink(target, now: now)
+                }
+            }
+            do { try store.deleteEntry(parent: parent, name: name) } catch { throw fsError(error) }
+            try put(newParent, newName, source)
+            if source.isDirectory && parent != newParent { fromDir.record.nlink -= 1; toDir.record.nlink += 1 }
+            source.record.ctime = now; source.dirty = true
+            touch(fromDir, toDir)
+        }
+    }
+
+    // MARK: Directories
+
+    public func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID {
+        try meta.withLock { () throws(FSError) -> HandleID in
+            _ = try directory(ino)
+            let list: [DirectoryEntryRecord]
+            do {
+                list = try store.entries(parent: ino) { error in _ = self.fsError(error, "listing directory \(ino)") }
+            } catch { throw fsError(error) }
+            let h = newHandle()
+            directories[h] = list
+            return h
+        }
+    }
+
+    public func readdir(_ ino: InodeNumber, handle: HandleID, offset: Int64, limit: Int, plus: Bool) throws(FSError) -> [DirectoryEntry] {
+        try meta.withLock { () throws(FSError) -> [DirectoryEntry] in
+            guard let list = directories[handle] else { throw .badHandle }
+            var out: [DirectoryEntry] = []
+            var index = max(0, Int(offset))
+            let dirType = UInt32(S_IFDIR)
+            while out.count < limit && index < list.count + 2 {
+                let cookie = Int64(index + 1)
+                if index == 0 {
+                    out.append(DirectoryEntry(name: [UInt8(ascii: ".")], ino: ino, type: dirType, offset: cookie))
+                } else if index == 1 {
+                    out.append(DirectoryEntry(name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: EntityStore.rootInode, type: dirType, offset: cookie))
+                } else {
+                    let e = list[index - 2]
+                    var entry = DirectoryEntry(name: e.name, ino: e.ino, type: e.type, offset: cookie)
+                    if plus {
+                        // A damaged inode is left out of the listing (its lookup reports EIO).
+                        guard let s = try? state(e.ino) else { index += 1; continue }
+                        s.lookups += 1
+                        entry.attributes = attributes(s)
+                    }
+                    out.append(entry)
+                }
+                index += 1
+            }
+            return out
+        }
+    }
+
+    public func releasedir(_ ino: InodeNumber, handle: HandleID) {
+        meta.withLock { directories[handle] = nil }
+    }
+
+    public func fsyncdir(_ ino: InodeNumber, handle: HandleID, dataOnly: Bool) throws(FSError) {
+        try commit()
+    }
+}

@@ -1,0 +1,318 @@
+import CofferCrypto
+import Foundation
+import Glibc
+
+/// A container directory: the header file and the entity store beside it. Opening reads and checks
+/// the header's structure; `unlock` turns a secret into the keys and authenticates the header.
+public final class Container: @unchecked Sendable {
+    /// Absolute path of the container root, as opened today.
+    public let root: String
+    public private(set) var header: ContainerHeader
+
+    public var headerPath: String { root + "/" + ContainerHeader.fileName }
+    public var containerId: [UInt8] { [UInt8](hex: header.containerId) ?? [] }
+
+    /// The store file, resolved against today's root by the container-relative path transformer.
+    public func storePath() throws(ContainerError) -> String {
+        do { return try ContainerPathTransformer.resolveString(header.store, root: root) } catch {
+            throw .headerDamaged("store path: \(error)")
+        }
+    }
+
+    private init(root: String, header: ContainerHeader) { self.root = root; self.header = header }
+
+    // MARK: Opening
+
+    public static func open(at path: String) throws(ContainerError) -> Container {
+        let root = absolute(path)
+        var st = stat()
+        guard stat(root, &st) == 0 else {
+            if errno == ENOENT { throw .notFound(path) }
+            throw .unreadable(path, String(cString: strerror(errno)))
+        }
+        guard (st.st_mode & S_IFMT) == S_IFDIR else { throw .notADirectory(path) }
+        let headerFile = root + "/" + ContainerHeader.fileName
+        guard access(headerFile, F_OK) == 0 else { throw .notAContainer(path) }
+        guard let data = FileManager.default.contents(atPath: headerFile) else {
+            throw .unreadable(path, "\(ContainerHeader.fileName): \(String(cString: strerror(errno)))")
+        }
+        guard data.count <= 1 << 20 else { throw .headerDamaged("header file is too large") }
+        let header: ContainerHeader
+        do { header = try JSONDecoder().decode(ContainerHeader.self, from: data) } catch {
+            throw .headerDamaged("not valid header JSON")
+        }
+        try checkStructure(header)
+        return Container(root: root, header: header)
+    }
+
+    /// Structural checks before any secret is used: a header that asks for something we do not
+    /// know, or for a weaker KDF than the floor, is refused outright.
+    static func checkStructure(_ h: ContainerHeader) throws(ContainerError) {
+        guard h.format == ContainerHeader.formatName else { throw .headerDamaged("format is not \(ContainerHeader.formatName)") }
+        guard h.version == ContainerHeader.currentVersion else { throw .unsupportedVersion(h.version) }
+        guard h.cipher == ContainerHeader.supportedCipher else { throw .unsupportedCipher(h.cipher) }
+        for f in h.features where !ContainerHeader.knownFeatures.contains(f) { throw .unsupportedFeature(f) }
+        guard let id = [UInt8](hex: h.containerId), id.count == 16 else { throw .headerDamaged("container id") }
+        guard [4096, 16384, 32768, 65536, 131072].contains(h.chunkSize) else { throw .headerDamaged("chunk size \(h.chunkSize)") }
+        guard !h.slots.isEmpty else { throw .headerDamaged("no key slots") }
+        for slot in h.slots {
+            guard let sid = [UInt8](hex: slot.id), sid.count == 8 else { throw .headerDamaged("slot id") }
+            if slot.kind != .recovery { try kdfChoice(slot.kdf).validate() }
+            else if slot.kdf.algorithm != "hkdf" { throw .headerDamaged("recovery slot kdf") }
+        }
+        guard Data(base64Encoded: h.mac)?.count == 32 else { throw .headerDamaged("mac") }
+    }
+
+    static func kdfChoice(_ k: KDFParameters) throws(ContainerError) -> KDFChoice {
+        switch k.algorithm {
+        case "argon2id":
+            guard let t = k.iterations, let m = k.memoryKiB, let p = k.parallelism else { throw .headerDamaged("argon2id parameters") }
+            return .argon2id(iterations: t, memoryKiB: m, parallelism: p)
+        case "scrypt":
+            guard let n = k.logN, let r = k.r, let p = k.p else { throw .headerDamaged("scrypt parameters") }
+            return .scrypt(logN: n, r: r, p: p)
+        default:
+            throw .headerDamaged("unknown KDF \(k.algorithm)")
+        }
+    }
+
+    // MARK: Unlocking
+
+    /// Tries every slot that fits the secret's kind; the first that unwraps gives the master key,
+    /// which must then authenticate the whole header. Returns the keys and the slot that matched.
+    public func unlock(_ secret: Secret) throws(ContainerError) -> (keys: ContainerKeys, slotId: String) {
+        let candidates = header.slots.filter { secret.fits($0.kind) }
+        guard !candidates.isEmpty else { throw .noMatchingSlot }
+        for slot in candidates {
+            guard let master = try? unwrap(slot, secret: secret) else { continue }
+            let keys: ContainerKeys
+            do { keys = try ContainerKeys(master: master, containerId: containerId) } catch { throw .crypto("\(error)") }
+            master.wipe()
+            try verifyMAC(keys)
+            return (keys, slot.id)
+        }
+        throw .wrongSecret
+    }
+
+    func verifyMAC(_ keys: ContainerKeys) throws(ContainerError) {
+        guard let stored = Data(base64Encoded: header.mac), let bytes = try? header.canonicalBytes() else { throw .headerTampered }
+        guard constantTimeEqual(keys.headerMAC.authenticate(bytes), [UInt8](stored)) else { throw .headerTampered }
+    }
+
+    private func unwrap(_ slot: KeySlot, secret: Secret) throws -> SecureBytes {
+        guard let wrapped = Data(base64Encoded: slot.wrappedKey) else { throw ContainerError.headerDamaged("wrapped key") }
+        let kek = try Self.keyEncryptionKey(slot.kdf, kind: slot.kind, secret: secret.bytes)
+        let aead = try AESGCM(key: kek)
+        kek.wipe()
+        let opened = try aead.open([UInt8](wrapped), aad: Self.slotAAD(containerId: containerId, slot: slot))
+        defer { _ = opened } // plain array: keep its lifetime short
+        guard opened.count == 32 else { throw ContainerError.headerDamaged("wrapped key length") }
+        return SecureBytes(copying: opened)
+    }
+
+    static func slotAAD(containerId: [UInt8], slot: KeySlot) -> [UInt8] {
+        Array("coffer/v1/slot".utf8) + containerId + ([UInt8](hex: slot.id) ?? []) + Array(slot.kind.rawValue.utf8)
+    }
+
+    static func keyEncryptionKey(_ kdf: KDFParameters, kind: KeySlot.Kind, secret: SecureBytes) throws -> SecureBytes {
+        guard let salt = Data(base64Encoded: kdf.salt).map({ [UInt8]($0) }), salt.count >= 16 else {
+            throw ContainerError.headerDamaged("kdf salt")
+        }
+        if kind == .recovery {
+            return try HKDF.deriveKey(from: secret, salt: salt, info: Array("coffer/v1/recovery".utf8), count: 32)
+        }
+        switch try kdfChoice(kdf) {
+        case let .argon2id(t, m, p):
+            return try Argon2id.deriveKey(password: secret, salt: salt, iterations: t, memoryKiB: m, parallelism: p, count: 32)
+        case let .scrypt(logN, r, p):
+            return try Scrypt.deriveKey(password: secret, salt: salt, n: 1 << UInt64(logN), r: UInt64(r), p: UInt64(p), count: 32)
+        }
+    }
+
+    // MARK: Creating
+
+    public struct CreateOptions: Sendable {
+        public var kdf: KDFChoice = .standard
+        public var chunkSize: Int = 65536
+        public var withRecoveryKey = true
+        public init() {}
+    }
+
+    /// Creates a new container directory with one password slot (and a recovery slot unless asked
+    /// not to). Returns the container, its keys and the recovery key text to show once.
+    public static func create(at path: String, password: SecureBytes, options: CreateOptions) throws(ContainerError)
+        -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
+        try options.kdf.validate()
+        let root = absolute(path)
+        var st = stat()
+        var createdDirectory = false
+        if stat(root, &st) == 0 {
+            guard (st.st_mode & S_IFMT) == S_IFDIR else { throw .notADirectory(path) }
+            let contents = (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? ["?"]
+            guard contents.isEmpty else { throw .alreadyExists(path) }
+        } else {
+            guard mkdir(root, 0o700) == 0 else { throw .io("\(path): cannot create: \(String(cString: strerror(errno)))") }
+            createdDirectory = true
+        }
+        do {
+            let id = try Random.bytes(16)
+            let master = try SecureBytes.random(count: 32)
+            defer { master.wipe() }
+            let keys = try ContainerKeys(master: master, containerId: id)
+            var header = ContainerHeader(
+                format: ContainerHeader.formatName, version: ContainerHeader.currentVersion,
+                containerId: id.hexString, cipher: ContainerHeader.supportedCipher, chunkSize: options.chunkSize,
+                store: ContainerPathTransformer.storeString(root + "/" + EntityStore.fileName, root: root),
+                features: [], slots: [], mac: "")
+            let container = Container(root: root, header: header)
+            container.header.slots.append(try container.makeSlot(kind: .password, secret: password, kdf: options.kdf, master: master, label: "password"))
+            var recoveryText: String?
+            if options.withRecoveryKey {
+                let recovery = try SecureBytes.random(count: 32)
+                defer { recovery.wipe() }
+                container.header.slots.append(try container.makeSlot(kind: .recovery, secret: recovery, kdf: options.kdf, master: master, label: "recovery key"))
+                recoveryText = RecoveryKey.format(recovery)
+            }
+            header = container.header
+            try EntityStore.create(at: try container.storePath(), keys: keys, registry: .standard)
+            try container.writeHeader(keys: keys)
+            return (container, keys, recoveryText)
+        } catch {
+            if createdDirectory { try? FileManager.default.removeItem(atPath: root) }
+            else { for f in (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? [] { try? FileManager.default.removeItem(atPath: root + "/" + f) } }
+            if let e = error as? ContainerError { throw e }
+            throw .io("cannot create the container: \(error)")
+        }
+    }
+
+    // MARK: Key slots
+
+    func makeSlot(kind: KeySlot.Kind, secret: SecureBytes, kdf: KDFChoice, master: SecureBytes, label: String?, id: String? = nil) throws -> KeySlot {
+        let salt = try Random.bytes(32)
+        var params: KDFParameters
+        switch kdf {
+        case let .argon2id(t, m, p):
+            params = KDFParameters(algorithm: "argon2id", salt: Data(salt).base64EncodedString(), iterations: t, memoryKiB: m, parallelism: p)
+        case let .scrypt(logN, r, p):
+            params = KDFParameters(algorithm: "scrypt", salt: Data(salt).base64EncodedString(), logN: logN, r: r, p: p)
+        }
+        if kind == .recovery { params = KDFParameters(algorithm: "hkdf", salt: Data(salt).base64EncodedString()) }
+        var slot = KeySlot(id: try id ?? Random.bytes(8).hexString, kind: kind, label: label, kdf: params, wrappedKey: "")
+        let kek = try Self.keyEncryptionKey(params, kind: kind, secret: secret)
+        defer { kek.wipe() }
+        let wrapped = try master.withUnsafeBytes { m in
+            try Self.slotAAD(containerId: containerId, slot: slot).withUnsafeBytes { aad in try AESGCM(key: kek).seal(m, aad: aad) }
+        }
+        slot.wrappedKey = Data(wrapped).base64EncodedString()
+        return slot
+    }
+
+    /// Adds a slot; the header is rewritten and re-authenticated. Returns the new slot's id.
+    @discardableResult
+    public func addSlot(kind: KeySlot.Kind, secret: SecureBytes, kdf: KDFChoice, label: String?, keys: ContainerKeys) throws(ContainerError) -> String {
+        if kind != .recovery { try kdf.validate() }
+        let master = keys.copyMaster()
+        defer { master.wipe() }
+        let slot: KeySlot
+        do { slot = try makeSlot(kind: kind, secret: secret, kdf: kdf, master: master, label: label) } catch { throw .crypto("\(error)") }
+        header.slots.append(slot)
+        try writeHeader(keys: keys)
+        return slot.id
+    }
+
+    /// Removes a slot; the last one is refused.
+    public func removeSlot(id: String, keys: ContainerKeys) throws(ContainerError) {
+        guard let i = header.slots.firstIndex(where: { $0.id == id }) else { throw .slotNotFound(id) }
+        guard header.slots.count > 1 else { throw .lastSlot }
+        header.slots.remove(at: i)
+        try writeHeader(keys: keys)
+    }
+
+    /// Rewraps the master key under a new secret in place of slot `id` (a password change):
+    /// no data is re-encrypted, and the old secret no longer opens that slot.
+    public func replaceSlot(id: String, secret: SecureBytes, kdf: KDFChoice, keys: ContainerKeys) throws(ContainerError) {
+        guard let i = header.slots.firstIndex(where: { $0.id == id }) else { throw .slotNotFound(id) }
+        try kdf.validate()
+        let master = keys.copyMaster()
+        defer { master.wipe() }
+        let old = header.slots[i]
+        do {
+            header.slots[i] = try makeSlot(kind: old.kind, secret: secret, kdf: kdf, master: master, label: old.label, id: old.id)
+        } catch let e as ContainerError { throw e } catch { throw .crypto("\(error)") }
+        try writeHeader(keys: keys)
+    }
+
+    /// Authenticates and writes the header atomically: temp file, fsync, rename, fsync directory.
+    func writeHeader(keys: ContainerKeys) throws(ContainerError) {
+        do {
+            header.mac = ""
+            header.mac = Data(keys.headerMAC.authenticate(try header.canonicalBytes())).base64EncodedString()
+            let data = try header.fileBytes()
+            try FileIO.writeAtomically(data, to: headerPath, mode: 0o600)
+        } catch let e as ContainerError { throw e } catch {
+            throw .io("cannot write \(ContainerHeader.fileName): \(error)")
+        }
+    }
+
+    static func absolute(_ path: String) -> String {
+        var p = path
+        if !p.hasPrefix("/") { p = FileManager.default.currentDirectoryPath + "/" + p }
+        return (p as NSString).standardizingPath
+    }
+}
+
+/// A secret offered to unlock a container.
+public struct Secret: Sendable {
+    public enum Kind: Sendable { case password, keyFile, recoveryKey }
+    public let kind: Kind
+    public let bytes: SecureBytes
+    public init(kind: Kind, bytes: SecureBytes) { self.kind = kind; self.bytes = bytes }
+
+    /// A password that is really a recovery key (the printed form) unlocks recovery slots.
+    public static func fromPassword(_ password: SecureBytes) -> Secret {
+        if let rk = RecoveryKey.parse(password) { return Secret(kind: .recoveryKey, bytes: rk) }
+        return Secret(kind: .password, bytes: password)
+    }
+
+    func fits(_ slot: KeySlot.Kind) -> Bool {
+        switch (kind, slot) {
+        case (.password, .password), (.keyFile, .keyfile), (.recoveryKey, .recovery): return true
+        default: return false
+        }
+    }
+}
+
+/// The printed form of a recovery key: 64 hex digits in groups of 8.
+public enum RecoveryKey {
+    public static func format(_ key: SecureBytes) -> String {
+        let hex = key.withUnsafeBytes { Array($0) }.hexString
+        var groups: [String] = []
+        var i = hex.startIndex
+        while i < hex.endIndex {
+            let j = hex.index(i, offsetBy: 8, limitedBy: hex.endIndex) ?? hex.endIndex
+            groups.append(String(hex[i ..< j])); i = j
+        }
+        return groups.joined(separator: "-")
+    }
+
+    static func parse(_ text: SecureBytes) -> SecureBytes? {
+        text.withUnsafeBytes { raw -> SecureBytes? in
+            var digits: [UInt8] = []
+            digits.reserveCapacity(64)
+            defer { for i in digits.indices { digits[i] = 0 } }
+            for c in raw {
+                switch c {
+                case UInt8(ascii: "-"), UInt8(ascii: " "), UInt8(ascii: "\n"): continue
+                case UInt8(ascii: "0") ... UInt8(ascii: "9"): digits.append(c - 48)
+                case UInt8(ascii: "a") ... UInt8(ascii: "f"): digits.append(c - 87)
+                case UInt8(ascii: "A") ... UInt8(ascii: "F"): digits.append(c - 55)
+                default: return nil
+                }
+            }
+            guard digits.count == 64 else { return nil }
+            let key = SecureBytes(count: 32)
+            key.withUnsafeMutableBytes { k in for i in 0 ..< 32 { k[i] = digits[2 * i] << 4 | digits[2 * i + 1] } }
+            return key
+        }
+    }
+}

@@ -1,0 +1,43 @@
+/// Everything that can go wrong opening or changing a container, each with one clear line.
+/// No case ever carries key material or a password.
+public enum ContainerError: Error, Equatable, CustomStringConvertible {
+    case notFound(String)
+    case notADirectory(String)
+    case unreadable(String, String)
+    case notAContainer(String)
+    case alreadyExists(String)
+    case headerDamaged(String)
+    case headerTampered
+    case unsupportedVersion(Int)
+    case unsupportedCipher(String)
+    case unsupportedFeature(String)
+    case weakKDF(String)
+    case wrongSecret
+    case noMatchingSlot
+    case slotNotFound(String)
+    case lastSlot
+    case io(String)
+    case crypto(String)
+
+    public var description: String {
+        switch self {
+        case .notFound(let p): return "\(p): no such container directory"
+        case .notADirectory(let p): return "\(p): not a directory"
+        case .unreadable(let p, let why): return "\(p): cannot read the container: \(why)"
+        case .notAContainer(let p): return "\(p): not a Coffer container (no readable \(ContainerHeader.fileName))"
+        case .alreadyExists(let p): return "\(p): already exists and is not empty"
+        case .headerDamaged(let why): return "container header is damaged: \(why)"
+        case .headerTampered: return "container header failed authentication: it was edited or damaged (refusing to open)"
+        case .unsupportedVersion(let v): return "container format version \(v) is not supported by this coffer"
+        case .unsupportedCipher(let c): return "container cipher \"\(c)\" is not supported (refusing to open)"
+        case .unsupportedFeature(let f): return "container uses unknown feature \"\(f)\" (refusing to open)"
+        case .weakKDF(let k): return "key derivation \(k) is weaker than the minimum (scrypt N=2^16 r=8 p=1 / argon2id t=2 m=64 MiB); refusing"
+        case .wrongSecret: return "wrong password or key: no key slot opens with it"
+        case .noMatchingSlot: return "the container has no key slot of this kind"
+        case .slotNotFound(let id): return "no key slot \(id)"
+        case .lastSlot: return "refusing to remove the last key slot: the container would be lost"
+        case .io(let why): return why
+        case .crypto(let why): return "crypto failure: \(why)"
+        }
+    }
+}

@@ -1,0 +1,53 @@
+import CofferCrypto
+import Synchronization
+
+/// The keys of an unlocked container: the master key and the subkeys derived from it with
+/// HKDF-SHA256 (salt = container id), one per purpose, so that no key serves two jobs.
+public final class ContainerKeys: Sendable {
+    public let containerId: [UInt8]
+    let master: SecureBytes
+    /// Seals inodes, directory entries, xattrs and store state.
+    public let metadata: AESGCM
+    /// Keyed tags for directory lookups and xattr names.
+    public let lookup: HMACSHA256
+    /// Authenticates the header file.
+    let headerMAC: HMACSHA256
+    /// Root of the per-file content keys.
+    private let contentRoot: SecureBytes
+
+    public init(master: SecureBytes, containerId: [UInt8]) throws {
+        self.master = master.withUnsafeBytes { SecureBytes(copying: $0) }
+        self.containerId = containerId
+        metadata = try AESGCM(key: try Self.derive(master, containerId, "metadata"))
+        lookup = HMACSHA256(key: try Self.derive(master, containerId, "lookup"))
+        headerMAC = HMACSHA256(key: try Self.derive(master, containerId, "header-mac"))
+        contentRoot = try Self.derive(master, containerId, "content")
+    }
+
+    /// The AEAD for one file's content chunks: a key of its own, derived from the content root
+    /// and the file's random content id.
+    public func fileCipher(contentId: UInt64) throws -> AESGCM {
+        let key = try HKDF.deriveKey(from: contentRoot, salt: containerId,
+                                     info: Array("coffer/v1/file".utf8) + contentId.bigEndianBytes, count: 32)
+        return try AESGCM(key: key)
+    }
+
+    /// A keyed tag (truncated HMAC) over a domain byte and parts; the only plain lookup keys in the store.
+    public func tag(_ domain: UInt8, _ parts: [UInt8]...) -> [UInt8] {
+        var message = [domain]
+        for p in parts { message += p }
+        return Array(lookup.authenticate(message).prefix(16))
+    }
+
+    /// Zeroes the master key and content root now (subkeys inside AESGCM/HMAC objects go with them).
+    public func wipe() {
+        master.wipe()
+        contentRoot.wipe()
+    }
+
+    func copyMaster() -> SecureBytes { master.withUnsafeBytes { SecureBytes(copying: $0) } }
+
+    private static func derive(_ master: SecureBytes, _ id: [UInt8], _ purpose: String) throws -> SecureBytes {
+        try HKDF.deriveKey(from: master, salt: id, info: Array("coffer/v1/\(purpose)".utf8), count: 32)
+    }
+}

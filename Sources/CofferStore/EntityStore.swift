@@ -1,0 +1,462 @@
+import CofferCrypto
+import Foundation
+import GRDB
+import Synchronization
+
+/// The sealed entity store: one SQLite database (WAL mode) inside the container.
+///
+/// Plain columns hold random ids and keyed tags only; every value is sealed on its own
+/// (docs/FORMAT.md). Writes go to a single writer connection that keeps one transaction open and
+/// commits it in groups (`commit()` on fsync, after a time or a volume of changes), so many small
+/// changes share one durable commit and a crash leaves the last commit, never part of one.
+/// Content that has no uncommitted change is read through the reader pool, concurrently.
+public final class EntityStore: @unchecked Sendable {
+    public static let fileName = "store.db"
+    static let formatVersion = "1"
+
+    public let keys: ContainerKeys
+    public let sealer: EntitySealer
+    public let readOnly: Bool
+    public let path: String
+    let pool: DatabasePool
+
+    /// Called (on the writer) when SQLite dropped the open transaction (e.g. the disk filled up):
+    /// everything since the last commit is gone and caches above must be reloaded.
+    public var onRollback: (@Sendable () -> Void)?
+
+    /// Writer-side state; only touched inside `writer { }`.
+    private struct Pending {
+        var generation: UInt64 = 0
+        var changes = 0
+        var bytes = 0
+        var since: ContinuousClock.Instant?
+        var dirtyFiles = Set<UInt64>()
+    }
+    private let pending = Mutex(Pending())
+
+    // MARK: Opening
+
+    private init(path: String, pool: DatabasePool, keys: ContainerKeys, registry: TransformerRegistry, readOnly: Bool) {
+        self.path = path; self.pool = pool; self.keys = keys
+        self.sealer = EntitySealer(registry: registry); self.readOnly = readOnly
+    }
+
+    static func configuration(readOnly: Bool) -> Configuration {
+        var config = Configuration()
+        config.readonly = readOnly
+        config.allowsUnsafeTransactions = true
+        config.busyMode = .timeout(10)
+        config.maximumReaderCount = 4
+        config.prepareDatabase { db in
+            if !db.configuration.readonly {
+                try db.execute(sql: "PRAGMA synchronous = FULL")
+            }
+            try db.execute(sql: "PRAGMA cache_size = -8192")
+        }
+        return config
+    }
+
+    /// Creates an empty store with the root directory.
+    static func create(at path: String, keys: ContainerKeys, registry: TransformerRegistry) throws {
+        let pool = try DatabasePool(path: path, configuration: configuration(readOnly: false))
+        try pool.write { db in
+            try db.execute(sql: """
+                CREATE TABLE coffer_meta(name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+                CREATE TABLE coffer_kinds(kind INTEGER PRIMARY KEY, name TEXT NOT NULL, transformer TEXT NOT NULL);
+                CREATE TABLE inodes(id INTEGER PRIMARY KEY, value BLOB NOT NULL);
+                CREATE TABLE dirents(parent BLOB NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(parent, tag)) WITHOUT ROWID;
+                CREATE TABLE chunks(file INTEGER NOT NULL, idx INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, idx));
+                CREATE TABLE xattrs(inode INTEGER NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(inode, tag)) WITHOUT ROWID;
+                CREATE TABLE orphans(id INTEGER PRIMARY KEY);
+                """)
+            for kind in registry.registeredKinds {
+                try db.execute(sql: "INSERT INTO coffer_kinds(kind, name, transformer) VALUES (?, ?, ?)",
+                               arguments: [Int(kind.rawValue), kind.name, registry.transformerName(for: kind)])
+            }
+            try db.execute(sql: "INSERT INTO coffer_meta(name, value) VALUES ('format', ?), ('container', ?)",
+                           arguments: [Data(formatVersion.utf8), Data(keys.containerId)])
+        }
+        let store = EntityStore(path: path, pool: pool, keys: keys, registry: registry, readOnly: false)
+        let now = StoredTime(seconds: Int64(Date().timeIntervalSince1970), nanoseconds: 0)
+        try store.putInode(rootInode, InodeRecord(mode: 0o040755, uid: getuid(), gid: getgid(), nlink: 2, size: 0,
+                                                  atime: now, mtime: now, ctime: now))
+        try store.commit()
+        try pool.close()
+    }
+
+    public static let rootInode: UInt64 = 1
+
+    /// Opens an existing store after checking that it is ours and that every kind and transformer it
+    /// names is registered.
+    public static func open(at path: String, keys: ContainerKeys, registry: TransformerRegistry = .standard,
+                            readOnly: Bool = false) throws(StoreError) -> EntityStore {
+        guard FileManager.default.fileExists(atPath: path) else { throw .notAStore("\(path) is missing") }
+        let pool: DatabasePool
+        do { pool = try DatabasePool(path: path, configuration: configuration(readOnly: readOnly)) } catch {
+            throw .notAStore("\(error)")
+        }
+        let store = EntityStore(path: path, pool: pool, keys: keys, registry: registry, readOnly: readOnly)
+        try store.checkSchema(registry: registry)
+        return store
+    }
+
+    private func checkSchema(registry: TransformerRegistry) throws(StoreError) {
+        let (kinds, format, container, state): ([Row], Data?, Data?, Data?)
+        do {
+            (kinds, format, container, state) = try pool.unsafeRead { db in
+                (try Row.fetchAll(db, sql: "SELECT kind, name, transformer FROM coffer_kinds"),
+                 try Data.fetchOne(db, sql: "SELECT value FROM coffer_meta WHERE name = 'format'"),
+                 try Data.fetchOne(db, sql: "SELECT value FROM coffer_meta WHERE name = 'container'"),
+                 try Data.fetchOne(db, sql: "SELECT value FROM coffer_meta WHERE name = 'state'"))
+            }
+        } catch { throw .notAStore("\(error)") }
+        guard format == Data(Self.formatVersion.utf8) else { throw .notAStore("unknown store format") }
+        guard let container, constantTimeEqual([UInt8](container), keys.containerId) else { throw .wrongContainer }
+        var seen = Set<EntityKind>()
+        for row in kinds {
+            let name: String = (try? row.decode(String.self, atIndex: 1)) ?? "?"
+            let transformer: String = (try? row.decode(String.self, atIndex: 2)) ?? "?"
+            let number: Int = (try? row.decode(Int.self, atIndex: 0)) ?? -1
+            guard let kind = EntityKind(name: name), Int(kind.rawValue) == number else { throw .unknownKind(name) }
+            guard registry.transformerName(for: kind) == transformer else { throw .unknownTransformer(kind: name, transformer: transformer) }
+            seen.insert(kind)
+        }
+        for kind in registry.registeredKinds where !seen.contains(kind) { throw .missingKind(kind.name) }
+        guard let state else { throw .notAStore("no store state") }
+        let record = try sealer.open(StoreStateTransformer(), [UInt8](state), id: Array("state".utf8), cipher: keys.metadata, describe: "store state")
+        guard constantTimeEqual(record.containerId, keys.containerId) else { throw .wrongContainer }
+        pending.withLock { $0.generation = record.generation }
+    }
+
+    public func close() {
+        try? commit()
+        try? pool.close()
+    }
+
+    /// The commit generation: grows by one with every commit.
+    public var generation: UInt64 { pending.withLock { $0.generation } }
+
+    // MARK: Writer plumbing
+
+    /// Runs `body` on the writer connection inside the open group transaction.
+    private func write<T>(bytes: Int = 0, file: UInt64? = nil, _ body: (Database) throws -> T) throws(StoreError) -> T {
+        guard !readOnly else { throw .readOnly }
+        return try writer { db in
+            if !db.isInsideTransaction {
+                try db.execute(sql: "BEGIN IMMEDIATE")
+                pending.withLock { $0.since = .now }
+            }
+            let result = try body(db)
+            pending.withLock { p in
+                p.changes += 1; p.bytes += bytes
+                if let file { p.dirtyFiles.insert(file) }
+            }
+            return result
+        }
+    }
+
+    /// Runs `body` on the writer connection (sees uncommitted changes), mapping errors.
+    private func writer<T>(_ body: (Database) throws -> T) throws(StoreError) -> T {
+        do {
+            return try pool.writeWithoutTransaction { db in
+                do { return try body(db) } catch {
+                    if !db.isInsideTransaction, pending.withLock({ $0.since != nil }) { droppedTransaction() }
+                    throw error
+                }
+            }
+        } catch let e as StoreError { throw e } catch let e as DatabaseError {
+            if e.resultCode == .SQLITE_FULL { throw .diskFull }
+            if e.resultCode == .SQLITE_READONLY { throw .readOnly }
+            throw .database(e.message ?? "\(e.resultCode)")
+        } catch { throw .database("\(error)") }
+    }
+
+    private func droppedTransaction() {
+        pending.withLock { p in p.since = nil; p.changes = 0; p.bytes = 0; p.dirtyFiles.removeAll() }
+        onRollback?()
+    }
+
+    /// Makes everything written so far durable in one commit, bumping the generation.
+    public func commit() throws(StoreError) {
+        guard !readOnly else { return }
+        try writer { db in
+            guard db.isInsideTransaction else { return }
+            let next = pending.withLock { $0.generation } + 1
+            let sealed = try sealer.seal(StoreStateTransformer(), StoreStateRecord(generation: next, containerId: keys.containerId),
+                                         id: Array("state".utf8), cipher: keys.metadata)
+            do {
+                try db.execute(sql: "INSERT OR REPLACE INTO coffer_meta(name, value) VALUES ('state', ?)", arguments: [Data(sealed)])
+                try db.execute(sql: "COMMIT")
+            } catch {
+                if db.isInsideTransaction { try? db.execute(sql: "ROLLBACK") }
+                droppedTransaction()
+                throw error
+            }
+            pending.withLock { p in
+                p.generation = next; p.since = nil; p.changes = 0; p.bytes = 0; p.dirtyFiles.removeAll()
+            }
+        }
+    }
+
+    /// Commits when the open transaction is older than `age` or holds more than `volume` bytes.
+    public func commitIfDue(age: Duration = .seconds(1), volume: Int = 64 << 20) throws(StoreError) {
+        let due = pending.withLock { p -> Bool in
+            guard let since = p.since else { return false }
+            return p.bytes >= volume || ContinuousClock.now - since >= age
+        }
+        if due { try commit() }
+    }
+
+    public var hasPendingChanges: Bool { pending.withLock { $0.since != nil } }
+
+    // MARK: Inodes
+
+    public func inode(_ id: UInt64) throws(StoreError) -> InodeRecord? {
+        let sealed = try writer { db in try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM inodes WHERE id = ?"), arguments: [Int64(bitPattern: id)]) }
+        guard let sealed else { return nil }
+        return try sealer.open(InodeTransformer(), [UInt8](sealed), id: id.bigEndianBytes, cipher: keys.metadata, describe: "inode \(id)")
+    }
+
+    public func putInode(_ id: UInt64, _ record: InodeRecord) throws(StoreError) {
+        let sealed = try sealer.seal(InodeTransformer(), record, id: id.bigEndianBytes, cipher: keys.metadata)
+        try write(bytes: sealed.count) { db in
+            try db.cachedStatement(sql: "INSERT OR REPLACE INTO inodes(id, value) VALUES (?, ?)").execute(arguments: [Int64(bitPattern: id), Data(sealed)])
+        }
+    }
+
+    public func deleteInode(_ id: UInt64) throws(StoreError) {
+        try write { db in try db.cachedStatement(sql: "DELETE FROM inodes WHERE id = ?").execute(arguments: [Int64(bitPattern: id)]) }
+    }
+
+    /// A fresh random inode number (63 bits, never 0 or 1) not in use.
+    public func newInodeId() throws(StoreError) -> UInt64 {
+        for _ in 0 ..< 16 {
+            guard let r = try? Random.uint64() else { throw .database("random generator failed") }
+            let id = r & 0x7FFF_FFFF_FFFF_FFFF
+            if id <= 1 { continue }
+            let taken = try writer { db in try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM inodes WHERE id = ?"), arguments: [Int64(bitPattern: id)]) ?? false }
+            if !taken { return id }
+        }
+        throw .database("could not find a free inode number")
+    }
+
+    public static func newContentId() throws(StoreError) -> UInt64 {
+        guard let r = try? Random.uint64() else { throw .database("random generator failed") }
+        return (r & 0x7FFF_FFFF_FFFF_FFFF) | 1
+    }
+
+    // MARK: Directory entries
+
+    func parentTag(_ parent: UInt64) -> [UInt8] { keys.tag(0x50, parent.bigEndianBytes) }
+    func nameTag(_ parent: UInt64, _ name: [UInt8]) -> [UInt8] { keys.tag(0x4E, parent.bigEndianBytes, name) }
+
+    public func entry(parent: UInt64, name: [UInt8]) throws(StoreError) -> DirectoryEntryRecord? {
+        let ptag = parentTag(parent), tag = nameTag(parent, name)
+        let sealed = try writer { db in
+            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM dirents WHERE parent = ? AND tag = ?"), arguments: [Data(ptag), Data(tag)])
+        }
+        guard let sealed else { return nil }
+        let record = try sealer.open(DirectoryEntryTransformer(), [UInt8](sealed), id: ptag + tag, cipher: keys.metadata,
+                                     describe: "entry in directory \(parent)")
+        // The sealed name must be the name looked up (it is, unless the key is compromised).
+        guard record.name == name else { throw .authenticationFailed(kind: .directoryEntry, entity: "entry in directory \(parent)") }
+        return record
+    }
+
+    public func putEntry(parent: UInt64, _ record: DirectoryEntryRecord) throws(StoreError) {
+        let ptag = parentTag(parent), tag = nameTag(parent, record.name)
+        let sealed = try sealer.seal(DirectoryEntryTransformer(), record, id: ptag + tag, cipher: keys.metadata)
+        try write(bytes: sealed.count) { db in
+            try db.cachedStatement(sql: "INSERT OR REPLACE INTO dirents(parent, tag, value) VALUES (?, ?, ?)")
+                .execute(arguments: [Data(ptag), Data(tag), Data(sealed)])
+        }
+    }
+
+    public func deleteEntry(parent: UInt64, name: [UInt8]) throws(StoreError) {
+        let ptag = parentTag(parent), tag = nameTag(parent, name)
+        try write { db in
+            try db.cachedStatement(sql: "DELETE FROM dirents WHERE parent = ? AND tag = ?").execute(arguments: [Data(ptag), Data(tag)])
+        }
+    }
+
+    /// All entries of a directory. A damaged entry is reported through `damaged` and skipped, so one
+    /// bad entry does not hide its siblings.
+    public func entries(parent: UInt64, damaged: (StoreError) -> Void = { _ in }) throws(StoreError) -> [DirectoryEntryRecord] {
+        let ptag = parentTag(parent)
+        let rows = try writer { db in
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT tag, value FROM dirents WHERE parent = ?"), arguments: [Data(ptag)])
+        }
+        var result: [DirectoryEntryRecord] = []
+        result.reserveCapacity(rows.count)
+        for row in rows {
+            guard let tag = row[0] as Data?, let value = row[1] as Data? else { continue }
+            do {
+                result.append(try sealer.open(DirectoryEntryTransformer(), [UInt8](value), id: ptag + [UInt8](tag), cipher: keys.metadata,
+                                              describe: "entry in directory \(parent)"))
+            } catch { damaged(error) }
+        }
+        return result
+    }
+
+    public func hasEntries(parent: UInt64) throws(StoreError) -> Bool {
+        let ptag = parentTag(parent)
+        return try writer { db in
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM dirents WHERE parent = ? LIMIT 1"), arguments: [Data(ptag)]) ?? false
+        }
+    }
+
+    // MARK: Content chunks
+
+    public func sealChunk(_ plaintext: UnsafeRawBufferPointer, file: UInt64, index: UInt64, cipher: AESGCM) throws(StoreError) -> [UInt8] {
+        let aad = EntitySealer.associatedData(kind: .contentChunk, id: EntitySealer.chunkId(file: file, index: index))
+        do { return try aad.withUnsafeBytes { try cipher.seal(plaintext, aad: $0) } } catch { throw .database("sealing failed: \(error)") }
+    }
+
+    /// Opens a chunk into `output` (at least chunk-size bytes); returns the plaintext length.
+    public func openChunk(_ sealed: [UInt8], file: UInt64, index: UInt64, cipher: AESGCM, into output: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
+        let aad = EntitySealer.associatedData(kind: .contentChunk, id: EntitySealer.chunkId(file: file, index: index))
+        guard sealed.count >= AESGCM.overhead, sealed.count - AESGCM.overhead <= output.count else {
+            throw .authenticationFailed(kind: .contentChunk, entity: "chunk \(index) of content \(file)")
+        }
+        do {
+            return try sealed.withUnsafeBytes { s in try aad.withUnsafeBytes { a in try cipher.open(s, aad: a, into: output) } }
+        } catch { throw .authenticationFailed(kind: .contentChunk, entity: "chunk \(index) of content \(file)") }
+    }
+
+    /// Sealed chunks `first...last` of a file that exist, in index order. Reads committed content
+    /// through the reader pool when the file has no uncommitted change.
+    public func sealedChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> [(index: UInt64, sealed: [UInt8])] {
+        let sql = "SELECT idx, value FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"
+        let args: StatementArguments = [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)]
+        func fetch(_ db: Database) throws -> [(index: UInt64, sealed: [UInt8])] {
+            var out: [(index: UInt64, sealed: [UInt8])] = []
+            let cursor = try Row.fetchCursor(db.cachedStatement(sql: sql), arguments: args)
+            while let row = try cursor.next() {
+                let idx: Int64 = row[0]
+                let bytes = try row.withUnsafeData(atIndex: 1) { d in d.map { [UInt8]($0) } ?? [] }
+                out.append((UInt64(bitPattern: idx), bytes))
+            }
+            return out
+        }
+        let dirty = readOnly ? false : pending.withLock { $0.dirtyFiles.contains(file) }
+        if dirty { return try writer(fetch) }
+        do { return try pool.unsafeRead(fetch) } catch { throw .database("\(error)") }
+    }
+
+    public func putChunk(file: UInt64, index: UInt64, sealed: [UInt8]) throws(StoreError) {
+        try putChunks(file: file, [(index, sealed)])
+    }
+
+    /// Writes several chunks of one file in one writer visit.
+    public func putChunks(file: UInt64, _ chunks: [(index: UInt64, sealed: [UInt8])]) throws(StoreError) {
+        let total = chunks.reduce(0) { $0 + $1.sealed.count }
+        try write(bytes: total, file: file) { db in
+            let stmt = try db.cachedStatement(sql: "INSERT OR REPLACE INTO chunks(file, idx, value) VALUES (?, ?, ?)")
+            for c in chunks {
+                try stmt.execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: c.index), Data(c.sealed)])
+            }
+        }
+    }
+
+    /// Deletes chunks with index >= `from` (truncate, unlink).
+    public func deleteChunks(file: UInt64, from: UInt64 = 0) throws(StoreError) {
+        try write(file: file) { db in
+            try db.cachedStatement(sql: "DELETE FROM chunks WHERE file = ? AND idx >= ?").execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: from)])
+        }
+    }
+
+    public func chunkIndices(file: UInt64) throws(StoreError) -> [UInt64] {
+        try writer { db in
+            try Int64.fetchAll(db.cachedStatement(sql: "SELECT idx FROM chunks WHERE file = ? ORDER BY idx"), arguments: [Int64(bitPattern: file)])
+                .map { UInt64(bitPattern: $0) }
+        }
+    }
+
+    // MARK: Extended attributes
+
+    func xattrTag(_ ino: UInt64, _ name: [UInt8]) -> [UInt8] { keys.tag(0x58, ino.bigEndianBytes, name) }
+
+    public func xattr(_ ino: UInt64, name: [UInt8]) throws(StoreError) -> [UInt8]? {
+        let tag = xattrTag(ino, name)
+        let sealed = try writer { db in
+            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM xattrs WHERE inode = ? AND tag = ?"), arguments: [Int64(bitPattern: ino), Data(tag)])
+        }
+        guard let sealed else { return nil }
+        let record = try sealer.open(ExtendedAttributeTransformer(), [UInt8](sealed), id: ino.bigEndianBytes + tag, cipher: keys.metadata,
+                                     describe: "xattr of inode \(ino)")
+        return record.value
+    }
+
+    public func putXattr(_ ino: UInt64, name: [UInt8], value: [UInt8]) throws(StoreError) {
+        let tag = xattrTag(ino, name)
+        let sealed = try sealer.seal(ExtendedAttributeTransformer(), ExtendedAttributeRecord(name: name, value: value),
+                                     id: ino.bigEndianBytes + tag, cipher: keys.metadata)
+        try write(bytes: sealed.count) { db in
+            try db.cachedStatement(sql: "INSERT OR REPLACE INTO xattrs(inode, tag, value) VALUES (?, ?, ?)")
+                .execute(arguments: [Int64(bitPattern: ino), Data(tag), Data(sealed)])
+        }
+    }
+
+    @discardableResult
+    public func deleteXattr(_ ino: UInt64, name: [UInt8]) throws(StoreError) -> Bool {
+        let tag = xattrTag(ino, name)
+        return try write { db in
+            try db.cachedStatement(sql: "DELETE FROM xattrs WHERE inode = ? AND tag = ?").execute(arguments: [Int64(bitPattern: ino), Data(tag)])
+            return db.changesCount > 0
+        }
+    }
+
+    public func xattrs(_ ino: UInt64) throws(StoreError) -> [ExtendedAttributeRecord] {
+        let rows = try writer { db in
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT tag, value FROM xattrs WHERE inode = ?"), arguments: [Int64(bitPattern: ino)])
+        }
+        var out: [ExtendedAttributeRecord] = []
+        for row in rows {
+            guard let tag = row[0] as Data?, let value = row[1] as Data? else { continue }
+            out.append(try sealer.open(ExtendedAttributeTransformer(), [UInt8](value), id: ino.bigEndianBytes + [UInt8](tag),
+                                       cipher: keys.metadata, describe: "xattr of inode \(ino)"))
+        }
+        return out
+    }
+
+    public func deleteXattrs(_ ino: UInt64) throws(StoreError) {
+        try write { db in try db.cachedStatement(sql: "DELETE FROM xattrs WHERE inode = ?").execute(arguments: [Int64(bitPattern: ino)]) }
+    }
+
+    // MARK: Orphans (unlinked while open: deleted at last close, or at the next mount after a crash)
+
+    public func addOrphan(_ id: UInt64) throws(StoreError) {
+        try write { db in try db.execute(sql: "INSERT OR IGNORE INTO orphans(id) VALUES (?)", arguments: [Int64(bitPattern: id)]) }
+    }
+    public func removeOrphan(_ id: UInt64) throws(StoreError) {
+        try write { db in try db.execute(sql: "DELETE FROM orphans WHERE id = ?", arguments: [Int64(bitPattern: id)]) }
+    }
+    public func orphans() throws(StoreError) -> [UInt64] {
+        try writer { db in try Int64.fetchAll(db, sql: "SELECT id FROM orphans").map { UInt64(bitPattern: $0) } }
+    }
+
+    // MARK: Information
+
+    public struct Counts: Sendable {
+        public var inodes = 0, entries = 0, chunks = 0, xattrs = 0
+    }
+
+    public func counts() throws(StoreError) -> Counts {
+        try writer { db in
+            var c = Counts()
+            c.inodes = try Int.fetchOne(db, sql: "SELECT count(*) FROM inodes") ?? 0
+            c.entries = try Int.fetchOne(db, sql: "SELECT count(*) FROM dirents") ?? 0
+            c.chunks = try Int.fetchOne(db, sql: "SELECT count(*) FROM chunks") ?? 0
+            c.xattrs = try Int.fetchOne(db, sql: "SELECT count(*) FROM xattrs") ?? 0
+            return c
+        }
+    }
+
+    /// Bytes on disk of the database and its WAL.
+    public var sizeOnDisk: UInt64 {
+        [path, path + "-wal"].reduce(0) { total, p in
+            let size = (try? FileManager.default.attributesOfItem(atPath: p)[.size] as? NSNumber)?.uint64Value ?? 0
+            return total + size
+        }
+    }
+}

@@ -1,0 +1,32 @@
+/// Failures of the entity store. Authentication failures name the entity, never its contents.
+public enum StoreError: Error, Equatable, CustomStringConvertible {
+    /// A sealed value did not authenticate under its kind and id: tampering or damage.
+    case authenticationFailed(kind: EntityKind, entity: String)
+    /// A value authenticated but its plaintext is not a valid value of its kind.
+    case malformed(kind: EntityKind, entity: String, DecodeError)
+    case unknownKind(String)
+    case unknownTransformer(kind: String, transformer: String)
+    case missingKind(String)
+    case notAStore(String)
+    case wrongContainer
+    case database(String)
+    case diskFull
+    case readOnly
+    case rolledBack
+
+    public var description: String {
+        switch self {
+        case let .authenticationFailed(kind, entity): return "\(kind) \(entity) failed authentication (tampered or damaged)"
+        case let .malformed(kind, entity, why): return "\(kind) \(entity) is malformed: \(why)"
+        case .unknownKind(let k): return "store names unknown entity kind \"\(k)\" (refusing to open)"
+        case let .unknownTransformer(kind, t): return "store names transformer \"\(t)\" for \(kind), which this coffer does not have (refusing to open)"
+        case .missingKind(let k): return "store does not declare entity kind \"\(k)\" (refusing to open)"
+        case .notAStore(let why): return "not a Coffer entity store: \(why)"
+        case .wrongContainer: return "the entity store belongs to another container (refusing to open)"
+        case .database(let why): return "store database error: \(why)"
+        case .diskFull: return "no space left on the container's disk"
+        case .readOnly: return "the store is open read-only"
+        case .rolledBack: return "the store transaction was rolled back"
+        }
+    }
+}

@@ -1,0 +1,1 @@
+// The CLI entry point is written in CofferCommand.swift.
