@@ -143,6 +143,8 @@ public final class Container: @unchecked Sendable {
     public static func create(at path: String, password: SecureBytes, options: CreateOptions) throws(ContainerError)
         -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
         try options.kdf.validate()
+        // Nothing in a container is for other users.
+        umask(0o077)
         let root = absolute(path)
         var st = stat()
         var createdDirectory = false

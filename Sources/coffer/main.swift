@@ -1,1 +1,9 @@
-// The CLI entry point is written in CofferCommand.swift.
+import Foundation
+
+// mount.fuse3 runs `coffer SOURCE MOUNTPOINT -o OPTS` for `mount -t fuse.coffer` and fstab lines:
+// that argv form means `coffer mount SOURCE MOUNTPOINT -o OPTS`.
+var arguments = Array(CommandLine.arguments.dropFirst())
+if let first = arguments.first, !first.hasPrefix("-"), !CofferCommand.subcommandNames.contains(first) {
+    arguments.insert("mount", at: 0)
+}
+CofferCommand.main(arguments)

@@ -1,0 +1,67 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// An OpenSSL context pointer handed between threads. Each context is used by one thread at a
+/// time: it is taken out of the pool under the lock and put back only after use.
+struct ContextHandle: @unchecked Sendable {
+    let pointer: OpaquePointer
+}
+
+/// A small pool of pre-keyed OpenSSL contexts so that keying (AES key schedule, HMAC pads)
+/// happens once per context rather than once per message, while many threads work at once.
+final class ContextPool: Sendable {
+    private let idle = Mutex<[ContextHandle]>([])
+    private let maxIdle: Int
+    private let make: @Sendable () throws -> OpaquePointer
+    private let destroy: @Sendable (OpaquePointer) -> Void
+
+    init(make: @escaping @Sendable () throws -> OpaquePointer, destroy: @escaping @Sendable (OpaquePointer) -> Void) {
+        let cpus = sysconf(Int32(_SC_NPROCESSORS_ONLN))
+        self.maxIdle = min(64, max(4, 2 * cpus))
+        self.make = make
+        self.destroy = destroy
+    }
+
+    /// Runs `body` with an exclusive context. A context whose use threw is destroyed rather than
+    /// reused, so a half-finished operation never leaks state into the next one.
+    func withContext<R>(_ body: (OpaquePointer) throws -> R) throws -> R {
+        let context: OpaquePointer
+        if let handle = idle.withLock({ $0.popLast() }) {
+            context = handle.pointer
+        } else {
+            context = try make()
+        }
+        let result: R
+        do {
+            result = try body(context)
+        } catch {
+            destroy(context)
+            throw error
+        }
+        let kept = idle.withLock { list -> Bool in
+            guard list.count < maxIdle else { return false }
+            list.append(ContextHandle(pointer: context))
+            return true
+        }
+        if !kept { destroy(context) }
+        return result
+    }
+
+    /// Creates one context now so that configuration errors surface at construction.
+    func prewarm() throws {
+        try withContext { _ in }
+    }
+
+    deinit {
+        let all = idle.withLock { list -> [ContextHandle] in
+            let taken = list
+            list.removeAll()
+            return taken
+        }
+        for handle in all { destroy(handle.pointer) }
+    }
+}

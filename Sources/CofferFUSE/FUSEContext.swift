@@ -1,0 +1,102 @@
+import CFuse3
+import CofferFS
+import Glibc
+import Logging
+import Synchronization
+
+/// What every low-level op reaches through `fuse_req_userdata`: the filesystem and a few settings fixed at mount time.
+final class FUSEContext: @unchecked Sendable {
+    // @unchecked: `connOptions` is an opaque C pointer, written once before the session starts and only read
+    // (in init) afterwards; everything else is immutable or atomic.
+    let fs: any FileSystemOperations
+    let timeouts: CacheTimeouts
+    let logger: Logger
+    let maxWrite: UInt32
+    let writebackRequested: Bool
+    let connOptions: OpaquePointer?
+    /// Set in init when the kernel granted the writeback cache.
+    let writebackGranted = Atomic<Bool>(false)
+    private let shutdownDone = Atomic<Bool>(false)
+
+    init(fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,
+         connOptions: OpaquePointer?) {
+        self.fs = fs
+        self.timeouts = fs.cacheTimeouts
+        self.logger = logger
+        self.maxWrite = maxWrite
+        self.writebackRequested = writebackRequested
+        self.connOptions = connOptions
+    }
+
+    /// Calls `fs.shutdown()` exactly once, whoever asks first (libfuse's destroy or the end of `run`).
+    func shutdownOnce() {
+        if !shutdownDone.exchange(true, ordering: .acquiringAndReleasing) {
+            fs.shutdown()
+        }
+    }
+
+    var didShutdown: Bool { shutdownDone.load(ordering: .acquiring) }
+}
+
+// MARK: - Conversions
+
+extension Timestamp {
+    init(_ ts: timespec) {
+        self.init(seconds: Int64(ts.tv_sec), nanoseconds: UInt32(clamping: max(0, min(ts.tv_nsec, 999_999_999))))
+    }
+
+    var timespecValue: timespec {
+        timespec(tv_sec: Int(truncatingIfNeeded: seconds), tv_nsec: Int(min(nanoseconds, 999_999_999)))
+    }
+}
+
+extension Attributes {
+    /// `struct stat` as the kernel wants it (st_blksize 4096).
+    var statValue: stat {
+        var st = stat()
+        st.st_ino = UInt(truncatingIfNeeded: ino)  // fuse_ino_t is UInt64, st_ino is UInt
+        st.st_mode = mode
+        st.st_nlink = UInt(nlink)
+        st.st_uid = uid
+        st.st_gid = gid
+        st.st_rdev = UInt(truncatingIfNeeded: rdev)
+        st.st_size = Int(clamping: size)
+        st.st_blksize = 4096
+        st.st_blocks = Int(clamping: blocks)
+        st.st_atim = atime.timespecValue
+        st.st_mtim = mtime.timespecValue
+        st.st_ctim = ctime.timespecValue
+        return st
+    }
+}
+
+extension FUSEContext {
+    func entryParam(_ attributes: Attributes) -> fuse_entry_param {
+        var e = fuse_entry_param()
+        e.ino = attributes.ino
+        e.generation = 0
+        e.attr = attributes.statValue
+        e.attr_timeout = timeouts.attributes
+        e.entry_timeout = timeouts.entry
+        return e
+    }
+}
+
+/// Copies a NUL-terminated C name into bytes; nil for a nil pointer.
+@inline(__always)
+func nameBytes(_ p: UnsafePointer<CChar>?) -> [UInt8]? {
+    guard let p else { return nil }
+    let n = strlen(p)
+    return [UInt8](UnsafeRawBufferPointer(start: p, count: n))
+}
+
+/// Bytes plus a terminating NUL, for C calls; nil when the bytes contain a NUL (not a valid C string).
+@inline(__always)
+func cString(_ bytes: [UInt8]) -> [CChar]? {
+    if bytes.contains(0) { return nil }
+    var out = [CChar]()
+    out.reserveCapacity(bytes.count + 1)
+    for b in bytes { out.append(CChar(bitPattern: b)) }
+    out.append(0)
+    return out
+}

@@ -1,0 +1,66 @@
+import ArgumentParser
+import CofferStore
+import Foundation
+
+struct CofferCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "coffer",
+        abstract: "Coffer: an encrypted document filesystem.",
+        discussion: """
+            A container is a directory holding an encrypted entity store. `coffer mount` shows it as a
+            directory of plain files. Also usable as `mount -t fuse.coffer CONTAINER DIR -o passfile=FILE`.
+            Exit statuses: 0 ok, 1 failure, 10 no container, 11 header refused, 12 wrong password,
+            13 store damaged, 14 bad mountpoint, 15 already mounted, 16 mount failed, 17 bad password input,
+            64 usage error.
+            """,
+        subcommands: [InitCommand.self, InfoCommand.self, PasswdCommand.self, MountCommand.self, UnmountCommand.self])
+
+    static var subcommandNames: Set<String> {
+        Set(configuration.subcommands.compactMap { $0.configuration.commandName }).union(["help", "--help", "-h"])
+    }
+}
+
+/// One failure the user reads: a line on stderr and its own exit status.
+struct CLIFailure: Error, CustomStringConvertible {
+    let message: String
+    let code: Int32
+    var description: String { message }
+
+    static func from(_ error: any Error) -> CLIFailure {
+        if let e = error as? CLIFailure { return e }
+        if let e = error as? ContainerError {
+            switch e {
+            case .notFound, .notADirectory, .unreadable, .notAContainer, .alreadyExists: return CLIFailure(message: e.description, code: ExitStatus.noContainer)
+            case .wrongSecret, .noMatchingSlot: return CLIFailure(message: e.description, code: ExitStatus.wrongPassword)
+            case .headerDamaged, .headerTampered, .unsupportedVersion, .unsupportedCipher, .unsupportedFeature, .weakKDF:
+                return CLIFailure(message: e.description, code: ExitStatus.headerRefused)
+            default: return CLIFailure(message: e.description, code: ExitStatus.failure)
+            }
+        }
+        if let e = error as? StoreError { return CLIFailure(message: e.description, code: ExitStatus.storeDamaged) }
+        return CLIFailure(message: "\(error)", code: ExitStatus.failure)
+    }
+}
+
+enum ExitStatus {
+    static let failure: Int32 = 1
+    static let noContainer: Int32 = 10
+    static let headerRefused: Int32 = 11
+    static let wrongPassword: Int32 = 12
+    static let storeDamaged: Int32 = 13
+    static let badMountpoint: Int32 = 14
+    static let alreadyMounted: Int32 = 15
+    static let mountFailed: Int32 = 16
+    static let badPasswordInput: Int32 = 17
+}
+
+/// Runs a command body, turning any failure into one clear line and its exit status.
+func reportingFailures(_ body: () throws -> Void) throws {
+    do { try body() } catch let e as ExitCode { throw e } catch let e as CleanExit { throw e } catch {
+        let failure = CLIFailure.from(error)
+        FileHandle.standardError.write(Data("coffer: \(failure.message)\n".utf8))
+        throw ExitCode(failure.code)
+    }
+}
+
+func printErr(_ s: String) { FileHandle.standardError.write(Data((s + "\n").utf8)) }

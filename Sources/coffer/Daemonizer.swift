@@ -1,0 +1,115 @@
+import CofferCrypto
+import Foundation
+import Glibc
+
+/// Starts the mount daemon in the background and waits until the mount answers (or fails), so
+/// that `coffer mount` returns to the shell only with a working mount or one clear error line.
+///
+/// The daemon is this same program, re-run with `--ready-fd`; a prompted password travels to it
+/// through a pipe (`--secret-fd`), never through argv or the environment.
+enum Daemonizer {
+    static let secretFD: Int32 = 3
+    static let readyFD: Int32 = 4
+
+    static func startInBackground(secret: SecretOptions, arguments: [String]) throws {
+        var args = arguments + ["--ready-fd", String(readyFD)]
+        if let p = secret.passfile { args += ["--passfile", p] }
+        if let e = secret.extpass { args += ["--extpass", e] }
+        if let k = secret.keyfile { args += ["--keyfile", k] }
+        // Only a prompted password has to be handed over.
+        let prompted: SecureBytes? = secret.isGiven ? nil : try SecretReader.prompt("Password: ", confirm: false)
+        defer { prompted?.wipe() }
+        if prompted != nil { args += ["--secret-fd", String(secretFD)] }
+
+        var readyPipe: [Int32] = [0, 0], secretPipe: [Int32] = [-1, -1]
+        guard makePipe(&readyPipe) else { throw CLIFailure(message: "pipe: \(String(cString: strerror(errno)))", code: 1) }
+        if prompted != nil, !makePipe(&secretPipe) { throw CLIFailure(message: "pipe: \(String(cString: strerror(errno)))", code: 1) }
+
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, readyPipe[1], readyFD)
+        if prompted != nil { posix_spawn_file_actions_adddup2(&actions, secretPipe[0], secretFD) }
+
+        var attr = posix_spawnattr_t()
+        posix_spawnattr_init(&attr)
+        defer { posix_spawnattr_destroy(&attr) }
+        posix_spawnattr_setflags(&attr, posixSpawnSetsid)
+
+        let exe = "/proc/self/exe"
+        let argv: [UnsafeMutablePointer<CChar>?] = (["coffer"] + args).map { strdup($0) } + [nil]
+        defer { for p in argv { free(p) } }
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, exe, &actions, &attr, argv, environ)
+        close(readyPipe[1])
+        if prompted != nil { close(secretPipe[0]) }
+        guard rc == 0 else {
+            close(readyPipe[0])
+            throw CLIFailure(message: "cannot start the mount daemon: \(String(cString: strerror(rc)))", code: ExitStatus.mountFailed)
+        }
+        if let prompted {
+            prompted.withUnsafeBytes { buf in
+                if let base = buf.baseAddress { _ = Glibc.write(secretPipe[1], base, buf.count) }
+            }
+            close(secretPipe[1])
+        }
+        let reply = readAll(readyPipe[0])
+        close(readyPipe[0])
+        if reply.hasPrefix("OK") { return }
+        if reply.hasPrefix("ERR ") {
+            let rest = reply.dropFirst(4)
+            let parts = rest.split(separator: " ", maxSplits: 1)
+            let code = Int32(parts.first ?? "1") ?? 1
+            let message = parts.count > 1 ? String(parts[1]).trimmingCharacters(in: .newlines) : "mount failed"
+            var status: Int32 = 0
+            waitpid(pid, &status, 0)
+            throw CLIFailure(message: message, code: code)
+        }
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+        throw CLIFailure(message: "the mount daemon ended before the mount was ready (status \(status))", code: ExitStatus.mountFailed)
+    }
+
+    /// glibc's POSIX_SPAWN_SETSID (not exported to Swift without _GNU_SOURCE): the daemon leaves the
+    /// shell's session, so closing the terminal does not end the mount.
+    static let posixSpawnSetsid: Int16 = 0x80
+
+    static func makePipe(_ fds: inout [Int32]) -> Bool {
+        guard pipe(&fds) == 0 else { return false }
+        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        return true
+    }
+
+    static func readAll(_ fd: Int32) -> String {
+        var data = [UInt8]()
+        var buf = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = read(fd, &buf, buf.count)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { break }
+            data += buf[0 ..< n]
+        }
+        return String(decoding: data, as: UTF8.self)
+    }
+}
+
+/// The daemon's side of the readiness pipe.
+final class ReadyPipe: @unchecked Sendable {
+    private var fd: Int32
+    private let lock = NSLock()
+    init(_ fd: Int32) { self.fd = fd }
+
+    func succeed() { send("OK\n") }
+    func fail(_ failure: CLIFailure) { send("ERR \(failure.code) \(failure.message)\n") }
+
+    private func send(_ text: String) {
+        lock.lock(); defer { lock.unlock() }
+        guard fd >= 0 else { return }
+        _ = text.withCString { Glibc.write(fd, $0, strlen($0)) }
+        close(fd)
+        fd = -1
+    }
+}

@@ -1,0 +1,54 @@
+import ArgumentParser
+import CofferStore
+import Foundation
+
+struct InfoCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "info", abstract: "Show a container's format, cipher, key derivation and key slots; with a secret, also its contents' counts.")
+
+    @Argument(help: "The container directory.")
+    var container: String
+
+    @OptionGroup var secret: SecretOptions
+
+    @Flag(help: "Ask for the password (on a terminal) to show entity counts and store size.")
+    var unlock = false
+
+    func run() throws {
+        try reportingFailures {
+            let c = try Container.open(at: container)
+            let h = c.header
+            print("Container:      \(c.root)")
+            print("Format:         \(h.format) version \(h.version)")
+            print("Container id:   \(h.containerId)")
+            print("Cipher:         \(h.cipher), \(h.chunkSize / 1024) KiB chunks")
+            print("Store:          \(h.store)")
+            print("Features:       \(h.features.isEmpty ? "none" : h.features.joined(separator: ", "))")
+            print("Key slots:      \(h.slots.count)")
+            for slot in h.slots {
+                print("  \(slot.id)  \(slot.kind.rawValue.padding(toLength: 9, withPad: " ", startingAt: 0)) \(describe(slot.kdf))\(slot.label.map { "  \"\($0)\"" } ?? "")")
+            }
+            guard unlock || secret.isGiven else { return }
+            let s = try secret.secret()
+            let (keys, slotId) = try c.unlock(s)
+            s.bytes.wipe()
+            defer { keys.wipe() }
+            let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: true)
+            defer { store.close() }
+            let counts = try store.counts()
+            print("Unlocked by:    slot \(slotId)")
+            print("Generation:     \(store.generation)")
+            print("Entities:       \(counts.inodes) inodes, \(counts.entries) directory entries, \(counts.chunks) content chunks, \(counts.xattrs) xattrs")
+            print("Store size:     \(store.sizeOnDisk) bytes")
+        }
+    }
+
+    func describe(_ k: KDFParameters) -> String {
+        switch k.algorithm {
+        case "argon2id": return "argon2id t=\(k.iterations ?? 0) m=\((k.memoryKiB ?? 0) / 1024) MiB p=\(k.parallelism ?? 0)"
+        case "scrypt": return "scrypt N=2^\(k.logN ?? 0) r=\(k.r ?? 0) p=\(k.p ?? 0)"
+        case "hkdf": return "hkdf-sha256 (256-bit random key)"
+        default: return k.algorithm
+        }
+    }
+}

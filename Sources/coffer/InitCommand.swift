@@ -1,0 +1,50 @@
+import ArgumentParser
+import CofferStore
+import Foundation
+
+struct InitCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "init", abstract: "Create a new container directory.")
+
+    @Argument(help: "The container directory to create (missing or empty).")
+    var container: String
+
+    @OptionGroup var secret: SecretOptions
+    @OptionGroup var kdf: KDFOptions
+
+    @Option(help: "Content chunk size in bytes (4096, 16384, 32768, 65536 or 131072).")
+    var chunkSize: Int = 65536
+
+    @Flag(help: "Do not create and print a recovery key.")
+    var noRecoveryKey = false
+
+    func validate() throws {
+        guard [4096, 16384, 32768, 65536, 131072].contains(chunkSize) else { throw ValidationError("unsupported --chunk-size \(chunkSize)") }
+        if secret.keyfile != nil { throw ValidationError("init takes a password; add a key file later with `coffer passwd --add-keyfile`") }
+    }
+
+    func run() throws {
+        try reportingFailures {
+            let password = try secret.password(prompt: "New password: ", confirm: true)
+            defer { password.wipe() }
+            var options = Container.CreateOptions()
+            options.kdf = kdf.choice
+            options.chunkSize = chunkSize
+            options.withRecoveryKey = !noRecoveryKey
+            let created = try Container.create(at: container, password: password, options: options)
+            defer { created.keys.wipe() }
+            print("Created container \(created.container.root)")
+            print("  key derivation: \(kdf.choice)")
+            if let recovery = created.recoveryKey {
+                print("""
+
+                    Recovery key (shown only now; it opens the container without the password, so keep it
+                    somewhere safe and offline; give it wherever a password is asked):
+
+                        \(recovery)
+
+                    """)
+            }
+        }
+    }
+}

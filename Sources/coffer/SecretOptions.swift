@@ -1,0 +1,153 @@
+import ArgumentParser
+import CofferCrypto
+import CofferStore
+import Foundation
+import Glibc
+
+/// Where the secret that opens a container comes from; the same for every command.
+struct SecretOptions: ParsableArguments {
+    @Option(name: .customLong("passfile"), help: "Read the password from the first line of FILE.")
+    var passfile: String?
+
+    @Option(name: .customLong("extpass"), help: "Run CMD (with /bin/sh -c) and use the first line it prints as the password.")
+    var extpass: String?
+
+    @Option(name: .customLong("keyfile"), help: "Open with a key file slot: the whole content of FILE is the secret.")
+    var keyfile: String?
+
+    @Option(name: .customLong("secret-fd"), help: .hidden)
+    var secretFD: Int32?
+
+    var isGiven: Bool { passfile != nil || extpass != nil || keyfile != nil || secretFD != nil }
+
+    func validate() throws {
+        if [passfile != nil, extpass != nil, keyfile != nil, secretFD != nil].filter({ $0 }).count > 1 {
+            throw ValidationError("give only one of --passfile, --extpass, --keyfile")
+        }
+    }
+
+    /// The secret to open an existing container. Prompts once on a terminal when nothing else is given.
+    func secret(prompt: String = "Password: ") throws -> Secret {
+        if let keyfile { return Secret(kind: .keyFile, bytes: try SecretReader.keyFile(keyfile)) }
+        if let fd = secretFD { return Secret.fromPassword(try SecretReader.readAll(fd: fd, what: "the secret pipe")) }
+        return Secret.fromPassword(try password(prompt: prompt, confirm: false))
+    }
+
+    /// A password, from the given source or a no-echo prompt (asked twice when `confirm`).
+    func password(prompt: String, confirm: Bool) throws -> SecureBytes {
+        if let passfile { return try SecretReader.firstLine(ofFile: passfile) }
+        if let extpass { return try SecretReader.firstLine(ofCommand: extpass) }
+        if let fd = secretFD { return try SecretReader.readAll(fd: fd, what: "the secret pipe") }
+        return try SecretReader.prompt(prompt, confirm: confirm)
+    }
+}
+
+enum SecretReader {
+    static let maxLength = 4096
+
+    static func fail(_ message: String) -> CLIFailure { CLIFailure(message: message, code: ExitStatus.badPasswordInput) }
+
+    static func firstLine(ofFile path: String) throws -> SecureBytes {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw fail("cannot read password file \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        return try firstLine(fd: fd, what: "password file \(path)")
+    }
+
+    /// Runs the command without putting the password anywhere but its stdout pipe.
+    static func firstLine(ofCommand command: String) throws -> SecureBytes {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", command]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardInput = FileHandle.nullDevice
+        do { try process.run() } catch { throw fail("cannot run --extpass command: \(error)") }
+        let secret = try firstLine(fd: pipe.fileHandleForReading.fileDescriptor, what: "the --extpass command")
+        // Drain so the command does not block on a full pipe.
+        while (try? pipe.fileHandleForReading.read(upToCount: 65536))??.isEmpty == false {}
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            secret.wipe()
+            throw fail("--extpass command failed with status \(process.terminationStatus)")
+        }
+        return secret
+    }
+
+    /// Reads up to the first newline into locked memory.
+    static func firstLine(fd: Int32, what: String) throws -> SecureBytes {
+        let buffer = SecureBytes(count: maxLength)
+        var length = 0
+        var byte: UInt8 = 0
+        while true {
+            let n = read(fd, &byte, 1)
+            if n < 0 { if errno == EINTR { continue }; throw fail("cannot read \(what): \(String(cString: strerror(errno)))") }
+            if n == 0 || byte == UInt8(ascii: "\n") { break }
+            guard length < maxLength else { throw fail("\(what): password longer than \(maxLength) bytes") }
+            buffer.withUnsafeMutableBytes { $0[length] = byte }
+            length += 1
+        }
+        byte = 0
+        if length > 0, buffer.withUnsafeBytes({ $0[length - 1] }) == UInt8(ascii: "\r") { length -= 1 }
+        guard length > 0 else { throw fail("\(what) gave an empty password") }
+        let result = buffer.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[0 ..< length])) }
+        buffer.wipe()
+        return result
+    }
+
+    static func readAll(fd: Int32, what: String) throws -> SecureBytes {
+        let buffer = SecureBytes(count: maxLength)
+        var length = 0
+        while length < maxLength {
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + length, maxLength - length) }
+            if n < 0 { if errno == EINTR { continue }; throw fail("cannot read \(what)") }
+            if n == 0 { break }
+            length += n
+        }
+        close(fd)
+        guard length > 0 else { throw fail("\(what) gave an empty secret") }
+        let result = buffer.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[0 ..< length])) }
+        buffer.wipe()
+        return result
+    }
+
+    static func keyFile(_ path: String) throws -> SecureBytes {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw fail("cannot read key file \(path): \(String(cString: strerror(errno)))") }
+        var st = stat()
+        guard fstat(fd, &st) == 0, st.st_size > 0, st.st_size <= maxLength else {
+            close(fd)
+            throw fail("key file \(path) must hold 1 to \(maxLength) bytes")
+        }
+        return try readAll(fd: fd, what: "key file \(path)")
+    }
+
+    /// No-echo prompt on the controlling terminal.
+    static func prompt(_ text: String, confirm: Bool) throws -> SecureBytes {
+        let tty = open("/dev/tty", O_RDWR | O_CLOEXEC)
+        guard tty >= 0, isatty(tty) != 0 else {
+            throw fail("no password source: not on a terminal; use --passfile FILE or --extpass CMD")
+        }
+        defer { close(tty) }
+        func ask(_ p: String) throws -> SecureBytes {
+            _ = p.withCString { Glibc.write(tty, $0, strlen($0)) }
+            var old = termios()
+            tcgetattr(tty, &old)
+            var quiet = old
+            quiet.c_lflag &= ~tcflag_t(ECHO)
+            tcsetattr(tty, TCSAFLUSH, &quiet)
+            defer {
+                tcsetattr(tty, TCSAFLUSH, &old)
+                _ = Glibc.write(tty, "\n", 1)
+            }
+            return try firstLine(fd: tty, what: "the terminal")
+        }
+        let first = try ask(text)
+        if confirm {
+            let second = try ask("Repeat: ")
+            defer { second.wipe() }
+            guard first.constantTimeEquals(second) else { first.wipe(); throw fail("the passwords do not match") }
+        }
+        return first
+    }
+}

@@ -1,0 +1,70 @@
+import ArgumentParser
+import CofferStore
+import Foundation
+import Glibc
+
+struct UnmountCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "unmount", abstract: "Unmount a mounted container and wait until everything is committed.",
+        aliases: ["umount"])
+
+    @Argument(help: "The mountpoint.")
+    var mountpoint: String
+
+    @Flag(name: [.customShort("z"), .customLong("lazy")], help: "Detach now even if busy (the daemon finishes when the last user lets go).")
+    var lazy = false
+
+    func run() throws {
+        try reportingFailures {
+            let mnt = Container.absolutePath(mountpoint)
+            guard let entry = MountTable.entry(at: mnt), entry.type.hasPrefix("fuse.coffer") || entry.type == "fuse" else {
+                throw CLIFailure(message: "\(mnt) is not a mounted Coffer container", code: ExitStatus.badMountpoint)
+            }
+            let daemon = ContainerLock.holder(root: entry.source)
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
+            process.arguments = ["-u"] + (lazy ? ["-z"] : []) + [mnt]
+            let errPipe = Pipe()
+            process.standardError = errPipe
+            try process.run()
+            process.waitUntilExit()
+            guard process.terminationStatus == 0 else {
+                let why = String(decoding: errPipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                let busy = why.contains("busy")
+                throw CLIFailure(message: busy ? "\(mnt) is busy (a process uses it); close it or use --lazy" : "cannot unmount \(mnt): \(why.trimmingCharacters(in: .whitespacesAndNewlines))", code: ExitStatus.failure)
+            }
+            // The daemon commits after the kernel lets go; wait for it so "unmounted" means "durable".
+            if let pid = daemon, !lazy {
+                for _ in 0 ..< 600 where kill(pid, 0) == 0 { usleep(50_000) }
+            }
+        }
+    }
+}
+
+/// /proc/self/mountinfo-lite: the first entry of /proc/mounts at a mountpoint.
+enum MountTable {
+    struct Entry { let source: String; let mountpoint: String; let type: String }
+
+    static func entry(at mountpoint: String) -> Entry? {
+        guard let text = try? String(contentsOfFile: "/proc/mounts", encoding: .utf8) else { return nil }
+        for line in text.split(separator: "\n").reversed() {
+            let f = line.split(separator: " ")
+            guard f.count >= 3 else { continue }
+            let e = Entry(source: unescape(String(f[0])), mountpoint: unescape(String(f[1])), type: String(f[2]))
+            if e.mountpoint == mountpoint { return e }
+        }
+        return nil
+    }
+
+    /// /proc/mounts escapes space, tab, newline and backslash as octal.
+    static func unescape(_ s: String) -> String {
+        var out = [UInt8](), bytes = Array(s.utf8), i = 0
+        while i < bytes.count {
+            if bytes[i] == UInt8(ascii: "\\"), i + 3 < bytes.count,
+               let v = UInt8(String(decoding: bytes[i + 1 ... i + 3], as: UTF8.self), radix: 8) {
+                out.append(v); i += 4
+            } else { out.append(bytes[i]); i += 1 }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}
