@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# bench.sh - Coffer side by side with a plain directory and gocryptfs (and securefs/cryfs if
+# installed) on the same disk, in one run; prints a table with ratios.
+#
+# Usage: bench/bench.sh [--quick] [--only coffer,gocryptfs] [--coffer-opts "-o writeback_cache"]
+# Env:   BENCH_WORKDIR (default /var/tmp/coffer-bench), BENCH_SEQ_MB (1024; quick 256),
+#        BENCH_FIO_RUNTIME (20; quick 5), BENCH_FIO_SIZE_MB (256), BENCH_CORPUS (a tarball),
+#        COFFER (path to the coffer binary; default .build/release/coffer)
+# Workloads (caches dropped before each; each subject remounted before each read workload):
+#   mount (s), seq_write dd 1M + fsync (MB/s), seq_read after remount (MB/s), untar corpus (s),
+#   ls_lR (s), read_all: cat every file (s), rm_rf (s), fio 4 KiB randwrite / randread, psync,
+#   1 job (IOPS), coffer daemon peak RSS while streaming (MiB).
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+QUICK=0; ONLY=""; COFFER_OPTS=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) QUICK=1 ;;
+        --only) ONLY=$2; shift ;;
+        --coffer-opts) COFFER_OPTS=$2; shift ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) echo "bench: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+COFFER=${COFFER:-$here/.build/release/coffer}
+[ -x "$COFFER" ] || { echo "bench: $COFFER not built (make release)" >&2; exit 1; }
+WORK=${BENCH_WORKDIR:-/var/tmp/coffer-bench}
+if [ $QUICK = 1 ]; then SEQ_MB=${BENCH_SEQ_MB:-256}; FIO_RT=${BENCH_FIO_RUNTIME:-5}; else SEQ_MB=${BENCH_SEQ_MB:-1024}; FIO_RT=${BENCH_FIO_RUNTIME:-20}; fi
+FIO_MB=${BENCH_FIO_SIZE_MB:-256}
+mkdir -p "$WORK"; RUN=$(mktemp -d "$WORK/run.XXXX"); RES="$RUN/results.tsv"; : > "$RES"
+PASS="$RUN/pass"; echo "bench-password-$$" > "$PASS"; chmod 600 "$PASS"
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+
+SUBJECTS="plain coffer"
+command -v gocryptfs >/dev/null && SUBJECTS="$SUBJECTS gocryptfs"
+command -v securefs >/dev/null && SUBJECTS="$SUBJECTS securefs"
+[ -n "$ONLY" ] && SUBJECTS="plain ${ONLY//,/ }"
+
+# ---- corpus: a real source tree (the Swift package mirrors, or /usr/include)
+CORPUS=${BENCH_CORPUS:-$WORK/corpus$([ $QUICK = 1 ] && echo -quick).tar}
+if [ ! -f "$CORPUS" ]; then
+    log "building corpus $CORPUS (once)"
+    stage=$(mktemp -d "$WORK/stage.XXXX"); n=0
+    if [ -d /opt/swift-packages ]; then
+        for repo in $(find /opt/swift-packages -mindepth 2 -maxdepth 2 -type d -name '*.git' | LC_ALL=C sort); do
+            git -C "$repo" rev-parse -q --verify HEAD >/dev/null 2>&1 || continue
+            d="$stage/$(basename "$(dirname "$repo")")/$(basename "$repo" .git)"; mkdir -p "$d"
+            git -C "$repo" archive HEAD | tar -x -C "$d" 2>/dev/null
+            n=$(find "$stage" -type f | wc -l)
+            [ $QUICK = 1 ] && [ "$n" -ge 3000 ] && break
+        done
+    else cp -a /usr/include "$stage/include"; fi
+    tar --sort=name -C "$stage" -cf "$CORPUS" . && rm -rf "$stage"
+fi
+CFILES=$(tar -tvf "$CORPUS" | grep -c '^-')
+
+# ---- subjects
+declare -A PID=()
+dir_of() { echo "$RUN/$1"; }
+mnt_of() { if [ "$1" = plain ]; then echo "$RUN/plain/data"; else echo "$RUN/$1/mnt"; fi; }
+init_subject() {
+    local d; d=$(dir_of "$1"); mkdir -p "$d/mnt" "$d/data"
+    case $1 in
+        plain) ;;
+        coffer) "$COFFER" init --passfile "$PASS" --no-recovery-key "$d/c" > /dev/null ;;
+        gocryptfs) gocryptfs -init -q -passfile "$PASS" "$d/data" > /dev/null ;;
+        securefs) securefs create --pass "$(cat "$PASS")" "$d/data" > /dev/null 2>&1 ;;
+    esac
+}
+mount_subject() {
+    local d; d=$(dir_of "$1")
+    case $1 in
+        plain) return 0 ;;
+        coffer) "$COFFER" mount --passfile "$PASS" $COFFER_OPTS "$d/c" "$d/mnt" ;;
+        gocryptfs) gocryptfs -q -passfile "$PASS" "$d/data" "$d/mnt" ;;
+        securefs) securefs mount -b --pass "$(cat "$PASS")" --log "$d/securefs.log" "$d/data" "$d/mnt" > /dev/null 2>&1; for _ in $(seq 100); do mountpoint -q "$d/mnt" && break; sleep 0.1; done ;;
+    esac
+}
+umount_subject() {
+    [ "$1" = plain ] && return 0
+    local m; m=$(mnt_of "$1")
+    if [ "$1" = coffer ]; then "$COFFER" unmount "$m"; else fusermount3 -u "$m"; fi
+    for _ in $(seq 50); do mountpoint -q "$m" || return 0; sleep 0.1; done
+    fusermount3 -uz "$m"
+}
+cleanup() { for s in $SUBJECTS; do m=$(mnt_of "$s"); mountpoint -q "$m" 2>/dev/null && umount_subject "$s"; done; }
+trap cleanup EXIT
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+remount() { umount_subject "$1"; drop; mount_subject "$1"; }
+t() { local a b; a=$(date +%s%N); "$@" > /dev/null 2>&1; b=$(date +%s%N); awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }
+rec() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RES"; }
+coffer_pid() { cat "$(dir_of coffer)/c/coffer.lock" 2>/dev/null | head -1; }
+
+log "subjects: $SUBJECTS; corpus $CFILES files; streaming $SEQ_MB MiB; fio ${FIO_RT}s on $FIO_MB MiB"
+for s in $SUBJECTS; do init_subject "$s"; drop; rec "$s" mount "$(t mount_subject "$s")" s; done
+
+for s in $SUBJECTS; do
+    m=$(mnt_of "$s"); drop
+    if [ "$s" = coffer ]; then
+        pid=$(coffer_pid)
+        ( peak=0; while kill -0 "$pid" 2>/dev/null; do r=$(awk '/VmRSS/{print $2}' /proc/"$pid"/status 2>/dev/null); [ -n "$r" ] && [ "$r" -gt "$peak" ] && peak=$r && echo "$peak" > "$RUN/rss"; sleep 0.2; done ) &
+        watcher=$!
+    fi
+    secs=$(t dd if=/dev/zero of="$m/seq.dat" bs=1M count="$SEQ_MB" conv=fsync)
+    rec "$s" seq_write "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
+    [ "$s" = coffer ] && { kill "$watcher" 2>/dev/null; rec coffer rss_streaming "$(( $(cat "$RUN/rss" 2>/dev/null || echo 0) / 1024 ))" MiB; }
+done
+for s in $SUBJECTS; do
+    remount "$s"; m=$(mnt_of "$s")
+    secs=$(t cat "$m/seq.dat"); rm -f "$m/seq.dat"
+    rec "$s" seq_read "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
+done
+cat "$CORPUS" > /dev/null
+for s in $SUBJECTS; do m=$(mnt_of "$s"); mkdir -p "$m/tree"; drop; rec "$s" untar "$(t sh -c "tar -xf '$CORPUS' -C '$m/tree' && sync")" s; done
+for s in $SUBJECTS; do remount "$s"; rec "$s" ls_lR "$(t ls -lR "$(mnt_of "$s")/tree")" s; done
+for s in $SUBJECTS; do remount "$s"; rec "$s" read_all "$(t sh -c "find '$(mnt_of "$s")/tree' -type f -print0 | xargs -0 cat")" s; done
+for s in $SUBJECTS; do remount "$s"; rec "$s" rm_rf "$(t rm -rf "$(mnt_of "$s")/tree")" s; done
+for s in $SUBJECTS; do dd if=/dev/urandom of="$(mnt_of "$s")/fio.dat" bs=1M count="$FIO_MB" conv=fsync status=none; done
+for rw in randwrite randread; do
+    for s in $SUBJECTS; do
+        remount "$s"; j="$RUN/$s-$rw.json"
+        fio --name=$rw --filename="$(mnt_of "$s")/fio.dat" --size="${FIO_MB}M" --rw=$rw --bs=4k --ioengine=psync \
+            --direct=0 --numjobs=1 --time_based --runtime="$FIO_RT" --fallocate=none --output-format=json --output="$j" > /dev/null 2>&1
+        key=$([ $rw = randread ] && echo read || echo write)
+        rec "$s" "fio_$rw" "$(python3 -c "import json,sys; print(int(sum(j['$key']['iops'] for j in json.load(open('$j'))['jobs'])))" 2>/dev/null || echo NA)" IOPS
+    done
+done
+for s in $SUBJECTS; do rm -f "$(mnt_of "$s")/fio.dat"; done
+
+# ---- table: value per subject, then ratio to gocryptfs (>1 better) and to plain
+python3 - "$RES" "$SUBJECTS" <<'PY'
+import sys, collections
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+subjects = sys.argv[2].split()
+val = collections.OrderedDict()
+for s, w, v, u in rows:
+    val.setdefault((w, u), {})[s] = v
+print("%-14s %-6s" % ("workload", "unit") + "".join("%12s" % s for s in subjects) + "%16s" % "coffer/gocrypt")
+for (w, u), d in val.items():
+    line = "%-14s %-6s" % (w, u) + "".join("%12s" % d.get(s, "-") for s in subjects)
+    try:
+        c, g = float(d["coffer"]), float(d["gocryptfs"])
+        r = (g / c) if u == "s" else (c / g)   # > 1: coffer better
+        line += "%15.2fx" % r
+    except Exception:
+        line += "%16s" % "-"
+    print(line)
+print("(coffer/gocrypt: how many times better Coffer is; for times, gocryptfs time / Coffer time)")
+PY
+log "results: $RES"
