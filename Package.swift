@@ -26,6 +26,7 @@ let package = Package(
         .target(name: "CofferStore", dependencies: [
             "CofferCrypto",
             .product(name: "GRDB", package: "GRDB.swift"),
+            .product(name: "GRDBSQLite", package: "GRDB.swift"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         // Layer 3: POSIX filesystem semantics over the store, testable without FUSE.

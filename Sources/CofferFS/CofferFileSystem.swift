@@ -12,15 +12,17 @@ import Logging
 /// happen outside `meta`, so several files encrypt in parallel. Order: content lock, then `meta`.
 public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     public struct Options: Sendable {
-        /// Absolute mountpoint: absolute symlink targets inside it are stored container-relative.
-        /// nil stores every target as given.
+        /// Absolute mountpoint: stored relative symlink targets resolve against it, and (unless
+        /// `plainSymlinks`) absolute targets inside it are stored relative to it.
         public var symlinkRoot: String?
+        /// Store every new symlink target exactly as given (`-o plain_symlinks`).
+        public var plainSymlinks = false
         public var readOnly = false
         public var cacheTimeouts = CacheTimeouts(entry: 5, attributes: 5, negativeEntry: 1)
         /// A group commit happens at the latest this long after the first uncommitted change.
         public var commitInterval: Duration = .seconds(1)
         /// ... or once this many bytes are waiting.
-        public var commitVolume = 64 << 20
+        public var commitVolume = 32 << 20
         public init() {}
     }
 
@@ -193,12 +195,13 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         }
     }
 
+    /// Commits (changed records first) once the open transaction is old or large enough.
     func commitIfDue() {
-        guard !options.readOnly, store.hasPendingChanges else { return }
+        guard !options.readOnly, store.isCommitDue(age: options.commitInterval, volume: options.commitVolume) else { return }
         meta.withLock {
             do {
                 for s in inodes.values where s.dirty { try persist(s) }
-                try store.commitIfDue(age: options.commitInterval, volume: options.commitVolume)
+                try store.commit()
             } catch {
                 logger.error("group commit failed: \(error)")
             }

@@ -77,46 +77,35 @@ extension CofferFileSystem {
         }
     }
 
-    /// Bytes [offset, offset+count) of a file's content; missing chunks read as zeros.
+    /// Bytes [offset, offset+count) of a file's content; missing chunks read as zeros. Chunks are
+    /// opened straight from the store's buffer into the reply (or a scratch chunk at the edges).
     func readRange(contentId: UInt64, cipher: AESGCM, offset: UInt64, count: Int) throws(FSError) -> [UInt8] {
         let cs = UInt64(chunkSize)
-        let first = offset / cs, last = (offset + UInt64(count) - 1) / cs
-        let chunks: [(index: UInt64, sealed: [UInt8])]
-        do { chunks = try store.sealedChunks(file: contentId, first: first, last: last) } catch { throw fsError(error, "content \(contentId)") }
+        let end = offset + UInt64(count)
+        let first = offset / cs, last = (end - 1) / cs
         var output = [UInt8](repeating: 0, count: count)
         var scratch: [UInt8] = []
-        for chunk in chunks {
-            let start = chunk.index * cs
-            let from = max(offset, start), to = min(offset + UInt64(count), start + cs)
-            guard from < to else { continue }
-            let fullyInside = start >= offset && start + cs <= offset + UInt64(count)
-            if fullyInside {
-                // Open straight into the reply buffer.
-                do {
-                    try output.withUnsafeMutableBytes { out in
+        let store = self.store
+        do {
+            try output.withUnsafeMutableBytes { out in
+                try store.forEachChunk(file: contentId, first: first, last: last) { index, sealed in
+                    let start = index * cs
+                    if start >= offset && start + cs <= end {
                         let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(start - offset) ..< Int(start - offset + cs)])
-                        _ = try store.openChunk(chunk.sealed, file: contentId, index: chunk.index, cipher: cipher, into: dst)
+                        _ = try store.openChunk(sealed, file: contentId, index: index, cipher: cipher, into: dst)
+                        return
                     }
-                } catch { throw fsError(error, "content \(contentId)") }
-            } else {
-                if scratch.isEmpty { scratch = [UInt8](repeating: 0, count: chunkSize) }
-                let n: Int
-                do { n = try scratch.withUnsafeMutableBytes { try store.openChunk(chunk.sealed, file: contentId, index: chunk.index, cipher: cipher, into: $0) } } catch {
-                    throw fsError(error, "content \(contentId)")
-                }
-                let available = start + UInt64(n)
-                if from < available {
-                    let end = min(to, available)
-                    output.withUnsafeMutableBytes { out in
-                        scratch.withUnsafeBytes { src in
-                            let dst = out.baseAddress.map { $0 + Int(from - offset) }
-                            let s = src.baseAddress.map { $0 + Int(from - start) }
-                            if let dst, let s { dst.copyMemory(from: s, byteCount: Int(end - from)) }
-                        }
+                    if scratch.isEmpty { scratch = [UInt8](repeating: 0, count: Int(cs)) }
+                    let n = try scratch.withUnsafeMutableBytes { try store.openChunk(sealed, file: contentId, index: index, cipher: cipher, into: $0) }
+                    let from = max(offset, start), to = min(end, start + UInt64(n))
+                    guard from < to else { return }
+                    scratch.withUnsafeBytes { src in
+                        let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(from - offset) ..< Int(to - offset)])
+                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: src[Int(from - start) ..< Int(to - start)]))
                     }
                 }
             }
-        }
+        } catch { throw fsError(error, "content \(contentId)") }
         return output
     }
 
@@ -147,7 +136,7 @@ extension CofferFileSystem {
                 s.dirty = true
             }
         }
-        if store.hasPendingChanges { commitIfDue() }
+        commitIfDue()
         return data.count
     }
 

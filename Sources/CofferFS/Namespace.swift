@@ -85,8 +85,10 @@ extension CofferFileSystem {
     }
 
     public func symlink(parent: InodeNumber, name: [UInt8], target: [UInt8], caller: Caller) throws(FSError) -> Attributes {
-        guard !target.isEmpty, target.count <= ContainerPathTransformer.maxLength, !target.contains(0) else { throw .nameTooLong }
-        let stored: StoredPath = options.symlinkRoot.map { ContainerPathTransformer.store(target, root: Array($0.utf8)) } ?? .verbatim(target)
+        guard !target.isEmpty else { throw .notFound }
+        guard target.count <= ContainerPathTransformer.maxLength, !target.contains(0) else { throw .nameTooLong }
+        let stored: StoredPath = options.plainSymlinks ? .verbatim(target)
+            : options.symlinkRoot.map { ContainerPathTransformer.store(target, root: Array($0.utf8)) } ?? .verbatim(target)
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(try makeNode(parent: parent, name: name, mode: UInt32(S_IFLNK) | 0o777, caller: caller,
                                     symlink: stored, size: UInt64(target.count)))

@@ -113,6 +113,10 @@ public final class FUSEMount: @unchecked Sendable {
         // Arguments: argv[0], -o options, -d. libfuse may replace argv while parsing; we free what we allocated.
         let argvStrings = options.fuseArguments(filesystemReadOnly: filesystem.isReadOnly)
         let optionSummary = argvStrings.dropFirst().joined(separator: " ")
+        if !options.droppedOptions.isEmpty {
+            logger.info("FUSE: ignoring mount options libfuse does not support",
+                        metadata: ["options": "\(options.droppedOptions.joined(separator: ","))"])
+        }
         let ownArgv = UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>.allocate(capacity: argvStrings.count + 1)
         for (i, s) in argvStrings.enumerated() { ownArgv[i] = strdup(s) }
         ownArgv[argvStrings.count] = nil
@@ -215,6 +219,8 @@ public final class FUSEMount: @unchecked Sendable {
         state.withLock { $0.phase = .finished; $0.session = nil }
         if result < 0 {
             logger.error("FUSE loop failed", metadata: ["error": "\(String(cString: strerror(-result)))"])
+        } else if result > 0 {
+            logger.info("FUSE loop ended by signal \(result)")  // libfuse's handler records the signal number
         }
         if result < 0 { throw FUSEMountError.loopFailed(errno: -result) }
     }

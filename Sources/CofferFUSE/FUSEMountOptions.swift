@@ -106,11 +106,21 @@ extension FUSEMountOptions {
         if readOnly || filesystemReadOnly { list.append("ro") }
         if autoUnmount { list.append("auto_unmount") }
         for entry in passthrough {
-            for part in Self.split(entry) where part != "nonempty" {
+            for part in Self.split(entry) where part != "nonempty" && !Self.ignoredOptions.contains(part) {
                 list.append(part)
             }
         }
         return list
+    }
+
+    /// Atime flags that libfuse 3.14's fuse_session_new rejects ("unknown option"). relatime is the kernel's
+    /// default for a FUSE mount anyway, and atime on FUSE is the filesystem's business: they are dropped.
+    static let ignoredOptions: Set<String> = ["relatime", "norelatime", "strictatime", "nostrictatime",
+                                              "nodiratime", "diratime"]
+
+    /// The passthrough options that `fuseOptionList` drops (for a log line).
+    var droppedOptions: [String] {
+        passthrough.flatMap { Self.split($0) }.filter { Self.ignoredOptions.contains($0) }
     }
 
     /// argv for fuse_session_new: "coffer", "-o", "a,b,c"[, "-d"].

@@ -133,7 +133,7 @@ public final class Container: @unchecked Sendable {
 
     public struct CreateOptions: Sendable {
         public var kdf: KDFChoice = .standard
-        public var chunkSize: Int = 65536
+        public var chunkSize: Int = 32768
         public var withRecoveryKey = true
         public init() {}
     }
@@ -176,7 +176,7 @@ public final class Container: @unchecked Sendable {
                 recoveryText = RecoveryKey.format(recovery)
             }
             header = container.header
-            try EntityStore.create(at: try container.storePath(), keys: keys, registry: .standard)
+            try EntityStore.create(at: try container.storePath(), keys: keys, registry: .standard, chunkSize: options.chunkSize)
             try container.writeHeader(keys: keys)
             return (container, keys, recoveryText)
         } catch {

@@ -53,7 +53,8 @@ public enum ContainerPathTransformer {
         case .relative(let rel):
             try validateRelative(rel)
             let r = trimTrailingSlashes(root)
-            return rel.isEmpty ? r : r + [slash] + rel
+            if rel.isEmpty { return r }
+            return r == [slash] ? r + rel : r + [slash] + rel
         }
     }
 
@@ -76,6 +77,8 @@ public enum ContainerPathTransformer {
             }
         } catch let e as PathError {
             throw .invalidValue(e.description)
+        } catch let e as DecodeError {
+            throw e
         } catch {
             throw .invalidValue("path")
         }

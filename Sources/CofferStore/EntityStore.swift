@@ -1,6 +1,7 @@
 import CofferCrypto
 import Foundation
 import GRDB
+import GRDBSQLite
 import Synchronization
 
 /// The sealed entity store: one SQLite database (WAL mode) inside the container.
@@ -19,6 +20,7 @@ public final class EntityStore: @unchecked Sendable {
     public let readOnly: Bool
     public let path: String
     let pool: DatabasePool
+    let readers: ChunkReaders
 
     /// Called (on the writer) when SQLite dropped the open transaction (e.g. the disk filled up):
     /// everything since the last commit is gone and caches above must be reloaded.
@@ -38,27 +40,47 @@ public final class EntityStore: @unchecked Sendable {
 
     private init(path: String, pool: DatabasePool, keys: ContainerKeys, registry: TransformerRegistry, readOnly: Bool) {
         self.path = path; self.pool = pool; self.keys = keys
+        self.readers = ChunkReaders(path: path)
         self.sealer = EntitySealer(registry: registry); self.readOnly = readOnly
     }
 
-    static func configuration(readOnly: Bool) -> Configuration {
+    static func configuration(readOnly: Bool, pageSize: Int? = nil) -> Configuration {
         var config = Configuration()
         config.readonly = readOnly
         config.allowsUnsafeTransactions = true
         config.busyMode = .timeout(10)
         config.maximumReaderCount = 4
         config.prepareDatabase { db in
-            if !db.configuration.readonly {
-                try db.execute(sql: "PRAGMA synchronous = FULL")
-            }
+            // Only takes effect when the file is created (docs/MEASUREMENTS.md: fewer, larger WAL frames).
+            if let pageSize { try db.execute(sql: "PRAGMA page_size = \(pageSize)") }
             try db.execute(sql: "PRAGMA cache_size = -8192")
         }
         return config
     }
 
+    /// The writer's page cache: a little more than the group-commit volume.
+    static let writerCacheKiB = 40 * 1024
+
+    /// Page size for a new store: large enough that a content chunk spans few pages.
+    static func pageSize(forChunkSize chunkSize: Int) -> Int { chunkSize >= 16384 ? 16384 : 4096 }
+
+    /// Writer settings, applied after GRDB has switched to WAL (which sets synchronous = NORMAL):
+    /// a commit is durable when it returns, and checkpoints run on their own thread.
+    static func configureWriter(_ pool: DatabasePool) throws {
+        try pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            // Room for a whole group transaction, so pages are written to the WAL once, at commit,
+            // instead of being spilled and rewritten (docs/MEASUREMENTS.md).
+            try db.execute(sql: "PRAGMA cache_size = -\(writerCacheKiB)")
+            try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
+            try db.execute(sql: "PRAGMA journal_size_limit = \(64 << 20)")
+        }
+    }
+
     /// Creates an empty store with the root directory.
-    static func create(at path: String, keys: ContainerKeys, registry: TransformerRegistry) throws {
-        let pool = try DatabasePool(path: path, configuration: configuration(readOnly: false))
+    static func create(at path: String, keys: ContainerKeys, registry: TransformerRegistry, chunkSize: Int) throws {
+        let pool = try DatabasePool(path: path, configuration: configuration(readOnly: false, pageSize: pageSize(forChunkSize: chunkSize)))
+        try configureWriter(pool)
         try pool.write { db in
             try db.execute(sql: """
                 CREATE TABLE coffer_meta(name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
@@ -97,6 +119,10 @@ public final class EntityStore: @unchecked Sendable {
         }
         let store = EntityStore(path: path, pool: pool, keys: keys, registry: registry, readOnly: readOnly)
         try store.checkSchema(registry: registry)
+        if !readOnly {
+            do { try configureWriter(pool) } catch { throw .database("\(error)") }
+            store.checkpointer = Checkpointer(path: path)
+        }
         return store
     }
 
@@ -128,10 +154,18 @@ public final class EntityStore: @unchecked Sendable {
         pending.withLock { $0.generation = record.generation }
     }
 
+    /// Commits, folds the WAL back into the database file, and closes.
     public func close() {
         try? commit()
+        checkpointer?.stop()
+        checkpointer = nil
+        if !readOnly { try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) } }
         try? pool.close()
     }
+
+    /// Copies committed WAL frames into the database file on its own connection and thread, so the
+    /// writer never waits for a checkpoint.
+    private var checkpointer: Checkpointer?
 
     /// The commit generation: grows by one with every commit.
     public var generation: UInt64 { pending.withLock { $0.generation } }
@@ -196,15 +230,15 @@ public final class EntityStore: @unchecked Sendable {
                 p.generation = next; p.since = nil; p.changes = 0; p.bytes = 0; p.dirtyFiles.removeAll()
             }
         }
+        checkpointer?.committed()
     }
 
-    /// Commits when the open transaction is older than `age` or holds more than `volume` bytes.
-    public func commitIfDue(age: Duration = .seconds(1), volume: Int = 64 << 20) throws(StoreError) {
-        let due = pending.withLock { p -> Bool in
+    /// True when the open transaction is older than `age` or holds more than `volume` bytes.
+    public func isCommitDue(age: Duration = .seconds(1), volume: Int = 64 << 20) -> Bool {
+        pending.withLock { p -> Bool in
             guard let since = p.since else { return false }
             return p.bytes >= volume || ContinuousClock.now - since >= age
         }
-        if due { try commit() }
     }
 
     public var hasPendingChanges: Bool { pending.withLock { $0.since != nil } }
@@ -313,47 +347,68 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     /// Opens a chunk into `output` (at least chunk-size bytes); returns the plaintext length.
-    public func openChunk(_ sealed: [UInt8], file: UInt64, index: UInt64, cipher: AESGCM, into output: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
+    public func openChunk(_ sealed: UnsafeRawBufferPointer, file: UInt64, index: UInt64, cipher: AESGCM, into output: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
         let aad = EntitySealer.associatedData(kind: .contentChunk, id: EntitySealer.chunkId(file: file, index: index))
         guard sealed.count >= AESGCM.overhead, sealed.count - AESGCM.overhead <= output.count else {
             throw .authenticationFailed(kind: .contentChunk, entity: "chunk \(index) of content \(file)")
         }
         do {
-            return try sealed.withUnsafeBytes { s in try aad.withUnsafeBytes { a in try cipher.open(s, aad: a, into: output) } }
+            return try aad.withUnsafeBytes { a in try cipher.open(sealed, aad: a, into: output) }
         } catch { throw .authenticationFailed(kind: .contentChunk, entity: "chunk \(index) of content \(file)") }
     }
 
-    /// Sealed chunks `first...last` of a file that exist, in index order. Reads committed content
-    /// through the reader pool when the file has no uncommitted change.
-    public func sealedChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> [(index: UInt64, sealed: [UInt8])] {
-        let sql = "SELECT idx, value FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"
-        let args: StatementArguments = [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)]
-        func fetch(_ db: Database) throws -> [(index: UInt64, sealed: [UInt8])] {
-            var out: [(index: UInt64, sealed: [UInt8])] = []
-            let cursor = try Row.fetchCursor(db.cachedStatement(sql: sql), arguments: args)
-            while let row = try cursor.next() {
-                let idx: Int64 = row[0]
-                let bytes = try row.withUnsafeData(atIndex: 1) { d in d.map { [UInt8]($0) } ?? [] }
-                out.append((UInt64(bitPattern: idx), bytes))
-            }
-            return out
-        }
+    public func openChunk(_ sealed: [UInt8], file: UInt64, index: UInt64, cipher: AESGCM, into output: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
+        do { return try sealed.withUnsafeBytes { s in try openChunk(s, file: file, index: index, cipher: cipher, into: output) } } catch let e as StoreError { throw e } catch { throw .database("\(error)") }
+    }
+
+    /// Calls `body` with each stored chunk `first...last` of a file, in index order, with the sealed
+    /// bytes straight from SQLite's buffer (valid only during the call). Committed content goes
+    /// through the reader pool, concurrently; a file with uncommitted changes through the writer.
+    public func forEachChunk(file: UInt64, first: UInt64, last: UInt64,
+                             _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
         let dirty = readOnly ? false : pending.withLock { $0.dirtyFiles.contains(file) }
-        if dirty { return try writer(fetch) }
-        do { return try pool.unsafeRead(fetch) } catch { throw .database("\(error)") }
+        if dirty {
+            try writer { db in
+                let stmt = try db.cachedStatement(sql: ChunkReaders.selectRange).sqliteStatement
+                RawSQLite.bindRange(stmt, file: file, first: first, last: last)
+                try RawSQLite.forEachRow(stmt, body)
+            }
+        } else {
+            try readers.with { c in
+                RawSQLite.bindRange(c.select, file: file, first: first, last: last)
+                try RawSQLite.forEachRow(c.select, body)
+            }
+        }
+    }
+
+    /// Sealed chunks `first...last` that exist, copied out (tests and tools).
+    public func sealedChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> [(index: UInt64, sealed: [UInt8])] {
+        var out: [(index: UInt64, sealed: [UInt8])] = []
+        do { try forEachChunk(file: file, first: first, last: last) { out.append(($0, Array($1))) } } catch let e as StoreError { throw e } catch {
+            throw .database("\(error)")
+        }
+        return out
     }
 
     public func putChunk(file: UInt64, index: UInt64, sealed: [UInt8]) throws(StoreError) {
         try putChunks(file: file, [(index, sealed)])
     }
 
-    /// Writes several chunks of one file in one writer visit.
+    /// Writes several chunks of one file in one writer visit, binding the sealed bytes in place.
     public func putChunks(file: UInt64, _ chunks: [(index: UInt64, sealed: [UInt8])]) throws(StoreError) {
         let total = chunks.reduce(0) { $0 + $1.sealed.count }
         try write(bytes: total, file: file) { db in
-            let stmt = try db.cachedStatement(sql: "INSERT OR REPLACE INTO chunks(file, idx, value) VALUES (?, ?, ?)")
+            let stmt = try db.cachedStatement(sql: "INSERT OR REPLACE INTO chunks(file, idx, value) VALUES (?, ?, ?)").sqliteStatement
             for c in chunks {
-                try stmt.execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: c.index), Data(c.sealed)])
+                sqlite3_reset(stmt)
+                sqlite3_bind_int64(stmt, 1, Int64(bitPattern: file))
+                sqlite3_bind_int64(stmt, 2, Int64(bitPattern: c.index))
+                let rc = c.sealed.withUnsafeBytes { sqlite3_bind_blob(stmt, 3, $0.baseAddress, Int32($0.count), nil) }
+                guard rc == SQLITE_OK else { throw StoreError.from(code: rc, stmt) }
+                let step = sqlite3_step(stmt)
+                sqlite3_bind_null(stmt, 3)
+                sqlite3_reset(stmt)
+                guard step == SQLITE_DONE else { throw StoreError.from(code: step, stmt) }
             }
         }
     }

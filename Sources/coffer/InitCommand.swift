@@ -13,7 +13,7 @@ struct InitCommand: ParsableCommand {
     @OptionGroup var kdf: KDFOptions
 
     @Option(help: "Content chunk size in bytes (4096, 16384, 32768, 65536 or 131072).")
-    var chunkSize: Int = 65536
+    var chunkSize: Int = 32768
 
     @Flag(help: "Do not create and print a recovery key.")
     var noRecoveryKey = false

@@ -96,7 +96,8 @@ struct MountCommand: ParsableCommand {
             let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: opts.readOnly)
             var fsOptions = CofferFileSystem.Options()
             fsOptions.readOnly = opts.readOnly
-            fsOptions.symlinkRoot = opts.plainSymlinks ? nil : mnt
+            fsOptions.symlinkRoot = mnt
+            fsOptions.plainSymlinks = opts.plainSymlinks
             let fs: CofferFileSystem
             do { fs = try CofferFileSystem(store: store, chunkSize: c.header.chunkSize, options: fsOptions, statfsPath: c.root, logger: logger) } catch {
                 store.close()

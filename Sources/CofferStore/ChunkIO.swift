@@ -1,0 +1,95 @@
+import GRDB
+import GRDBSQLite
+import Glibc
+
+/// The content hot path on SQLite's C API: reads step a prepared statement and hand the sealed bytes
+/// to the caller straight from SQLite's buffer, writes bind the sealed bytes without copying.
+/// GRDB's row and pool machinery cost more than the query itself here (docs/MEASUREMENTS.md).
+enum RawSQLite {
+    /// Steps `stmt` (bound by the caller) and calls `body` for each (idx, value) row.
+    static func forEachRow(_ stmt: OpaquePointer, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
+        defer { sqlite3_reset(stmt) }
+        while true {
+            let rc = sqlite3_step(stmt)
+            if rc == SQLITE_DONE { return }
+            guard rc == SQLITE_ROW else { throw StoreError.from(code: rc, stmt) }
+            let idx = UInt64(bitPattern: sqlite3_column_int64(stmt, 0))
+            let n = Int(sqlite3_column_bytes(stmt, 1))
+            guard let p = sqlite3_column_blob(stmt, 1) else { try body(idx, UnsafeRawBufferPointer(start: nil, count: 0)); continue }
+            try body(idx, UnsafeRawBufferPointer(start: p, count: n))
+        }
+    }
+
+    static func bindRange(_ stmt: OpaquePointer, file: UInt64, first: UInt64, last: UInt64) {
+        sqlite3_reset(stmt)
+        sqlite3_bind_int64(stmt, 1, Int64(bitPattern: file))
+        sqlite3_bind_int64(stmt, 2, Int64(bitPattern: first))
+        sqlite3_bind_int64(stmt, 3, Int64(bitPattern: last))
+    }
+}
+
+extension StoreError {
+    static func from(code: Int32, _ stmt: OpaquePointer?) -> StoreError {
+        switch code & 0xFF {
+        case SQLITE_FULL: return .diskFull
+        case SQLITE_READONLY: return .readOnly
+        default:
+            let db = stmt.flatMap { sqlite3_db_handle($0) }
+            let message = db.flatMap { sqlite3_errmsg($0) }.map { String(cString: $0) } ?? "SQLite error \(code)"
+            return .database(message)
+        }
+    }
+}
+
+/// A small pool of read-only connections for content reads that need no uncommitted data, so
+/// several FUSE threads read (and then decrypt) at once. Memory-mapped I/O spares a pread per page.
+final class ChunkReaders: @unchecked Sendable {
+    static let selectRange = "SELECT idx, value FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"
+
+    final class Connection {
+        let db: OpaquePointer
+        let select: OpaquePointer
+        init(db: OpaquePointer, select: OpaquePointer) { self.db = db; self.select = select }
+        deinit { sqlite3_finalize(select); sqlite3_close_v2(db) }
+    }
+
+    private let path: String
+    private var idle: [Connection] = []
+    private var lock = pthread_mutex_t()
+
+    init(path: String) {
+        self.path = path
+        pthread_mutex_init(&lock, nil)
+    }
+    deinit { pthread_mutex_destroy(&lock) }
+
+    func with<T>(_ body: (Connection) throws -> T) throws -> T {
+        pthread_mutex_lock(&lock)
+        let reused = idle.popLast()
+        pthread_mutex_unlock(&lock)
+        let connection = try reused ?? open()
+        defer {
+            pthread_mutex_lock(&lock)
+            if idle.count < 8 { idle.append(connection) }
+            pthread_mutex_unlock(&lock)
+        }
+        return try body(connection)
+    }
+
+    private func open() throws -> Connection {
+        var db: OpaquePointer?
+        let rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nil)
+        guard rc == SQLITE_OK, let db else {
+            if let db { sqlite3_close_v2(db) }
+            throw StoreError.database("cannot open a reader: SQLite error \(rc)")
+        }
+        sqlite3_busy_timeout(db, 10_000)
+        sqlite3_exec(db, "PRAGMA mmap_size = 268435456", nil, nil, nil)
+        var stmt: OpaquePointer?
+        guard sqlite3_prepare_v3(db, Self.selectRange, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil) == SQLITE_OK, let stmt else {
+            sqlite3_close_v2(db)
+            throw StoreError.database("cannot prepare the chunk reader")
+        }
+        return Connection(db: db, select: stmt)
+    }
+}

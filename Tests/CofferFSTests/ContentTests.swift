@@ -1,0 +1,313 @@
+import Foundation
+import Glibc
+import Testing
+@testable import CofferFS
+@testable import CofferStore
+
+@Suite("File content")
+struct ContentTests {
+    @Test(arguments: [4096, 65536])
+    func createWriteRead(chunkSize: Int) throws {
+        let f = try Fixture(chunkSize: chunkSize)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("hello.txt")
+        #expect(try f.write(ino, h, at: 0, b("hello, world")) == 12)
+        #expect(try f.fs.read(ino, handle: h, offset: 0, size: 100) == b("hello, world"))
+        #expect(try f.fs.read(ino, handle: h, offset: 7, size: 5) == b("world"))
+        #expect(try f.fs.read(ino, handle: h, offset: 12, size: 5) == [])
+        #expect(try f.fs.read(ino, handle: h, offset: 1000, size: 5) == [])
+        #expect(try f.fs.getattr(ino).size == 12)
+        #expect(try f.write(ino, h, at: 0, []) == 0)
+        f.fs.release(ino, handle: h)
+        #expect(try f.contents(ino) == b("hello, world"))
+        // A closed handle is refused.
+        expectError(FSError.badHandle) { _ = try f.fs.read(ino, handle: h, offset: 0, size: 1) }
+        expectError(FSError.badHandle) { _ = try f.write(ino, h, at: 0, [1]) }
+    }
+
+    @Test func unalignedWritesSpanningChunksMatchAModel() throws {
+        let cs = 4096
+        let f = try Fixture(chunkSize: cs)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("model")
+        var model: [UInt8] = []
+        var g = SplitMix64(seed: 0xF11E)
+        func apply(_ offset: Int, _ data: [UInt8]) throws {
+            try f.write(ino, h, at: UInt64(offset), data)
+            if model.count < offset + data.count { model += [UInt8](repeating: 0, count: offset + data.count - model.count) }
+            model.replaceSubrange(offset ..< offset + data.count, with: data)
+        }
+        // Hand-picked edges: across one boundary, exactly one chunk, a chunk and a byte, inside one chunk.
+        try apply(1000, g.bytes(10000))
+        try apply(cs - 1, g.bytes(2))
+        try apply(2 * cs, g.bytes(cs))
+        try apply(3 * cs - 1, g.bytes(cs + 2))
+        try apply(5, g.bytes(3))
+        try apply(10 * cs + 17, g.bytes(1))        // beyond EOF: leaves a hole
+        #expect(try f.contents(ino) == model)
+        // Random writes and truncates, checked against the model.
+        for step in 0 ..< 300 {
+            switch Int.random(in: 0 ..< 10, using: &g) {
+            case 0:
+                let size = Int.random(in: 0 ... 12 * cs, using: &g)
+                _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(size)), handle: h, caller: caller)
+                if size < model.count { model.removeSubrange(size...) } else { model += [UInt8](repeating: 0, count: size - model.count) }
+            default:
+                let offset = Int.random(in: 0 ... 12 * cs, using: &g)
+                let length = Int.random(in: 1 ... 3 * cs, using: &g)
+                try apply(offset, g.bytes(length))
+            }
+            #expect(try f.fs.getattr(ino).size == UInt64(model.count), "step \(step)")
+            if step % 25 == 0 {
+                let offset = Int.random(in: 0 ... model.count, using: &g)
+                let size = Int.random(in: 1 ... 4 * cs, using: &g)
+                let got = try f.fs.read(ino, handle: h, offset: UInt64(offset), size: size)
+                #expect(got == Array(model[offset ..< min(model.count, offset + size)]), "step \(step) read \(offset)+\(size)")
+            }
+        }
+        #expect(try f.fs.read(ino, handle: h, offset: 0, size: model.count + 10) == model)
+        f.fs.release(ino, handle: h)
+        try f.remount()
+        #expect(try f.contents(ino) == model, "after remount")
+    }
+
+    @Test func sparseWriteFarBeyondEOFReadsZeros() throws {
+        let f = try Fixture(chunkSize: 65536)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("sparse")
+        try f.write(ino, h, at: 0, b("head"))
+        let far: UInt64 = 100 * 65536 + 123
+        try f.write(ino, h, at: far, b("tail"))
+        #expect(try f.fs.getattr(ino).size == far + 4)
+        let middle = try f.fs.read(ino, handle: h, offset: 4, size: 300_000)
+        let middleIsZero = middle.allSatisfy { $0 == 0 }
+        #expect(middle.count == 300_000 && middleIsZero)
+        #expect(try f.fs.read(ino, handle: h, offset: far - 2, size: 10) == [0, 0] + b("tail"))
+        let cid = try #require(f.contentId(ino))
+        #expect(try f.store.chunkIndices(file: cid) == [0, 100], "only the written chunks are stored")
+    }
+
+    @Test func fiveMiBRandomRoundTrip() throws {
+        for cs in [4096, 65536] {
+            let f = try Fixture(chunkSize: cs)
+            defer { f.cleanup() }
+            var g = SplitMix64(seed: UInt64(cs))
+            let data = g.bytes(5 << 20)
+            let (ino, h) = try f.create("big")
+            // Written in uneven pieces, as a stream would be.
+            var offset = 0
+            while offset < data.count {
+                let n = min(data.count - offset, 131_072 + 333)
+                try f.write(ino, h, at: UInt64(offset), Array(data[offset ..< offset + n]))
+                offset += n
+            }
+            f.fs.release(ino, handle: h)
+            try f.fs.commit()
+            #expect(try f.contents(ino) == data)
+            let cid = try #require(f.contentId(ino))
+            #expect(try f.store.chunkIndices(file: cid).count == (5 << 20) / cs)
+            try f.remount()
+            #expect(try f.contents(ino) == data, "after remount (chunk size \(cs))")
+        }
+    }
+
+    @Test func writesPastFourGiB() throws {
+        let f = try Fixture(chunkSize: 65536)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("huge")
+        let offset: UInt64 = (5 << 30) + 65530   // straddles a chunk boundary above 4 GiB
+        let payload = (0 ..< 100).map { UInt8($0) }
+        try f.write(ino, h, at: offset, payload)
+        try f.write(ino, h, at: 1 << 32, b("4G"))
+        #expect(try f.fs.getattr(ino).size == offset + 100)
+        #expect(try f.fs.read(ino, handle: h, offset: offset, size: 200) == payload)
+        #expect(try f.fs.read(ino, handle: h, offset: 1 << 32, size: 2) == b("4G"))
+        #expect(try f.fs.read(ino, handle: h, offset: 1 << 30, size: 4096) == [UInt8](repeating: 0, count: 4096))
+        let cid = try #require(f.contentId(ino))
+        #expect(try f.store.chunkIndices(file: cid) == [65536, (offset / 65536), (offset / 65536) + 1])
+        f.fs.release(ino, handle: h)
+        try f.remount()
+        let h2 = try f.fs.open(ino, flags: O_RDONLY, caller: caller).handle
+        #expect(try f.fs.read(ino, handle: h2, offset: offset, size: 100) == payload)
+        f.fs.release(ino, handle: h2)
+        // The largest offsets are refused, not wrapped.
+        let h3 = try f.fs.open(ino, flags: O_WRONLY, caller: caller).handle
+        expectError(FSError.fileTooBig) { _ = try f.write(ino, h3, at: UInt64(Int64.max) - 1, [1, 2, 3]) }
+        expectError(FSError.fileTooBig) { _ = try f.write(ino, h3, at: UInt64.max - 1, [1, 2, 3]) }
+        f.fs.release(ino, handle: h3)
+    }
+
+    @Test func appendMode() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let ino = try f.file("log", b("line1\n"))
+        let h = try f.fs.open(ino, flags: O_WRONLY | O_APPEND, caller: caller).handle
+        try f.write(ino, h, at: 0, b("line2\n"))             // the offset is ignored with O_APPEND
+        try f.write(ino, h, at: 2, [UInt8](repeating: 0x61, count: 5000))
+        f.fs.release(ino, handle: h)
+        #expect(try f.contents(ino) == b("line1\nline2\n") + [UInt8](repeating: 0x61, count: 5000))
+    }
+
+    @Test func truncateOnOpen() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let ino = try f.file("t", [UInt8](repeating: 9, count: 10000))
+        let cid = try #require(f.contentId(ino))
+        let h = try f.fs.open(ino, flags: O_WRONLY | O_TRUNC, caller: caller).handle
+        #expect(try f.fs.getattr(ino).size == 0)
+        #expect(try f.store.chunkIndices(file: cid).isEmpty)
+        try f.write(ino, h, at: 0, b("new"))
+        f.fs.release(ino, handle: h)
+        #expect(try f.contents(ino) == b("new"))
+        // Opening a directory is refused.
+        expectError(FSError.isDirectory) { _ = try f.fs.open(root, flags: O_RDONLY, caller: caller) }
+    }
+
+    @Test(arguments: [4096, 65536])
+    func truncateShrinkThenGrowReadsZeros(chunkSize: Int) throws {
+        let f = try Fixture(chunkSize: chunkSize)
+        defer { f.cleanup() }
+        var g = SplitMix64(seed: 7)
+        let data = g.bytes(3 * chunkSize + 100)
+        let ino = try f.file("t", data)
+        let cut = UInt64(chunkSize + 10)
+        #expect(try f.fs.setattr(ino, changes: AttributeChanges(size: cut), handle: nil, caller: caller).size == cut)
+        let cid = try #require(f.contentId(ino))
+        #expect(try f.store.chunkIndices(file: cid) == [0, 1])
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(data.count + 50)), handle: nil, caller: caller)
+        let after = try f.contents(ino)
+        #expect(after.count == data.count + 50)
+        #expect(Array(after.prefix(Int(cut))) == Array(data.prefix(Int(cut))))
+        let tailIsZero = after[Int(cut)...].allSatisfy { $0 == 0 }
+        #expect(tailIsZero, "bytes past the old end must read as zeros")
+        // Writing into the grown region keeps the zeros around it.
+        let h = try f.fs.open(ino, flags: O_RDWR, caller: caller).handle
+        try f.write(ino, h, at: cut + 5, b("X"))
+        f.fs.release(ino, handle: h)
+        let again = try f.contents(ino)
+        #expect(Array(again[Int(cut) ..< Int(cut) + 7]) == [0, 0, 0, 0, 0, 0x58, 0])
+        // Shrink to exactly a chunk boundary, and to zero.
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(chunkSize)), handle: nil, caller: caller)
+        #expect(try f.store.chunkIndices(file: cid) == [0])
+        #expect(try f.contents(ino) == Array(data.prefix(chunkSize)))
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(size: 0), handle: nil, caller: caller)
+        #expect(try f.store.chunkIndices(file: cid).isEmpty)
+        #expect(try f.contents(ino) == [])
+        // Truncating a directory is refused.
+        expectError(FSError.isDirectory) { _ = try f.fs.setattr(root, changes: AttributeChanges(size: 0), handle: nil, caller: caller) }
+    }
+
+    @Test func fallocateGrowsOrKeepsSize() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("fa")
+        try f.write(ino, h, at: 0, b("abc"))
+        try f.fs.fallocate(ino, handle: h, mode: 1, offset: 0, length: 100_000)
+        #expect(try f.fs.getattr(ino).size == 3)
+        try f.fs.fallocate(ino, handle: h, mode: 0, offset: 0, length: 10_000)
+        #expect(try f.fs.getattr(ino).size == 10_000)
+        #expect(try f.fs.read(ino, handle: h, offset: 0, size: 10_000) == b("abc") + [UInt8](repeating: 0, count: 9997))
+        expectError(FSError.notSupported) { try f.fs.fallocate(ino, handle: h, mode: 3, offset: 0, length: 1) }
+        f.fs.release(ino, handle: h)
+    }
+
+    @Test func concurrentWritersToDifferentFiles() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let fs = f.fs
+        let threads = 6
+        var files: [(ino: InodeNumber, handle: HandleID, data: [UInt8])] = []
+        for t in 0 ..< threads {
+            var g = SplitMix64(seed: UInt64(t) + 100)
+            let (ino, h) = try f.create("c\(t)")
+            files.append((ino, h, g.bytes(300_000 + t * 777)))
+        }
+        let snapshot = files
+        let failures = Failures()
+        DispatchQueue.concurrentPerform(iterations: threads) { t in
+            let (ino, h, data) = snapshot[t]
+            var offset = 0
+            var piece = 1000 + t * 37   // uneven, unaligned pieces
+            while offset < data.count {
+                let n = min(piece, data.count - offset)
+                do {
+                    let written = try data[offset ..< offset + n].withUnsafeBytes { try fs.write(ino, handle: h, offset: UInt64(offset), data: $0) }
+                    if written != n { failures.add("thread \(t): short write") }
+                    if offset % 50_000 < n {
+                        let back = try fs.read(ino, handle: h, offset: UInt64(offset), size: n)
+                        if back != Array(data[offset ..< offset + n]) { failures.add("thread \(t): read-back mismatch at \(offset)") }
+                    }
+                } catch { failures.add("thread \(t): \(error)") }
+                offset += n
+                piece = piece * 3 % 9000 + 100
+            }
+            if t % 2 == 0 { do { try fs.fsync(ino, handle: h, dataOnly: false) } catch { failures.add("fsync: \(error)") } }
+        }
+        #expect(failures.all.isEmpty, "\(failures.all.prefix(5))")
+        for file in files { f.fs.release(file.ino, handle: file.handle) }
+        for (t, file) in files.enumerated() { #expect(try f.contents(file.ino) == file.data, "file \(t)") }
+        try f.remount()
+        for (t, file) in files.enumerated() { #expect(try f.contents(file.ino) == file.data, "file \(t) after remount") }
+    }
+
+    @Test func concurrentReadersAndAWriterOnOneFile() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        var g = SplitMix64(seed: 99)
+        let initial = g.bytes(64 * 4096)
+        let ino = try f.file("shared", initial)
+        let fs = f.fs
+        let failures = Failures()
+        DispatchQueue.concurrentPerform(iterations: 4) { t in
+            do {
+                let h = try fs.open(ino, flags: O_RDWR, caller: caller).handle
+                defer { fs.release(ino, handle: h) }
+                for i in 0 ..< 64 {
+                    if t == 0 {
+                        // The writer replaces whole chunks with one byte value each.
+                        let chunk = [UInt8](repeating: UInt8(i), count: 4096)
+                        _ = try chunk.withUnsafeBytes { try fs.write(ino, handle: h, offset: UInt64(i * 4096), data: $0) }
+                    } else {
+                        // Readers must see, for each chunk, either the old bytes or the new ones: never a mix.
+                        let idx = (i * 7 + t) % 64
+                        let got = try fs.read(ino, handle: h, offset: UInt64(idx * 4096), size: 4096)
+                        let old = Array(initial[idx * 4096 ..< (idx + 1) * 4096])
+                        if got != old && got != [UInt8](repeating: UInt8(idx), count: 4096) { failures.add("reader \(t): torn chunk \(idx)") }
+                    }
+                }
+            } catch { failures.add("thread \(t): \(error)") }
+        }
+        #expect(failures.all.isEmpty, "\(failures.all.prefix(5))")
+        let expected = (0 ..< 64).flatMap { [UInt8](repeating: UInt8($0), count: 4096) }
+        #expect(try f.contents(ino) == expected)
+    }
+
+    @Test func damagedChunkIsEIONeverWrongData() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let ino = try f.file("victim", [UInt8](repeating: 0x5A, count: 3 * 4096))
+        let cid = try #require(f.contentId(ino))
+        try f.fs.commit()
+        // Replace chunk 1 with chunk 0's sealed bytes (a swap inside the file).
+        let chunk0 = try #require(try f.store.sealedChunks(file: cid, first: 0, last: 0).first)
+        try f.store.putChunk(file: cid, index: 1, sealed: chunk0.sealed)
+        let h = try f.fs.open(ino, flags: O_RDONLY, caller: caller).handle
+        defer { f.fs.release(ino, handle: h) }
+        #expect(try f.fs.read(ino, handle: h, offset: 0, size: 4096) == [UInt8](repeating: 0x5A, count: 4096))
+        expectError(FSError.io) { _ = try f.fs.read(ino, handle: h, offset: 4096, size: 10) }
+        expectError(FSError.io) { _ = try f.fs.read(ino, handle: h, offset: 0, size: 3 * 4096) }
+        // A flipped bit as well.
+        var flipped = chunk0.sealed
+        flipped[40] ^= 1
+        try f.store.putChunk(file: cid, index: 2, sealed: flipped)
+        expectError(FSError.io) { _ = try f.fs.read(ino, handle: h, offset: 2 * 4096 + 1, size: 10) }
+    }
+}
+
+/// Thread-safe collection of failure messages.
+final class Failures: @unchecked Sendable {
+    private let lock = NSLock()
+    private var messages: [String] = []
+    func add(_ m: String) { lock.lock(); messages.append(m); lock.unlock() }
+    var all: [String] { lock.lock(); defer { lock.unlock() }; return messages }
+}

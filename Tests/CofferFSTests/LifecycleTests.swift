@@ -1,0 +1,180 @@
+import Foundation
+import Glibc
+import Testing
+@testable import CofferFS
+@testable import CofferStore
+
+@Suite("Open files, orphans, persistence, read-only")
+struct LifecycleTests {
+    @Test func unlinkedOpenFileLivesUntilRelease() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("tmp")
+        try f.write(ino, h, at: 0, [UInt8](repeating: 1, count: 10_000))
+        try f.fs.setxattr(ino, name: b("user.k"), value: b("v"), flags: 0)
+        let cid = try #require(f.contentId(ino))
+        try f.fs.unlink(parent: root, name: b("tmp"))
+        expectError(FSError.notFound) { _ = try f.fs.lookup(parent: root, name: b("tmp")) }
+        #expect(try f.list().isEmpty)
+        #expect(try f.fs.getattr(ino).nlink == 0)
+        // Still readable and writable through the handle.
+        #expect(try f.fs.read(ino, handle: h, offset: 9_998, size: 10) == [1, 1])
+        try f.write(ino, h, at: 10_000, b("more"))
+        #expect(try f.fs.read(ino, handle: h, offset: 9_999, size: 10) == [1] + b("more"))
+        #expect(try f.store.orphans() == [ino])
+        #expect(try f.store.chunkIndices(file: cid) == [0, 1, 2])
+        // A second handle keeps it alive after the first closes.
+        let h2 = try f.fs.open(ino, flags: O_RDONLY, caller: caller).handle
+        f.fs.release(ino, handle: h)
+        #expect(try f.fs.read(ino, handle: h2, offset: 0, size: 1) == [1])
+        #expect(try f.store.inode(ino) != nil)
+        f.fs.release(ino, handle: h2)
+        // Gone with the last close: inode, chunks, xattrs, orphan row.
+        #expect(try f.store.inode(ino) == nil)
+        #expect(try f.store.chunkIndices(file: cid).isEmpty)
+        #expect(try f.store.xattrs(ino).isEmpty)
+        #expect(try f.store.orphans().isEmpty)
+        f.fs.forget(ino, lookups: 1)
+        expectError(FSError.notFound) { _ = try f.fs.getattr(ino) }
+        #expect(try f.store.counts().inodes == 1, "only the root is left")
+    }
+
+    @Test func renameOverAnOpenFileKeepsItUntilRelease() throws {
+        let f = try Fixture()
+        defer { f.cleanup() }
+        let victim = try f.file("victim", b("old data"))
+        let h = try f.fs.open(victim, flags: O_RDONLY, caller: caller).handle
+        try f.file("new", b("new data"))
+        try f.fs.rename(parent: root, name: b("new"), newParent: root, newName: b("victim"), flags: [])
+        #expect(try f.fs.read(victim, handle: h, offset: 0, size: 100) == b("old data"))
+        #expect(try f.store.orphans() == [victim])
+        f.fs.release(victim, handle: h)
+        #expect(try f.store.inode(victim) == nil)
+        #expect(try f.store.orphans().isEmpty)
+        #expect(try f.contents(try f.ino("victim")) == b("new data"))
+    }
+
+    @Test func orphanOfACrashIsRemovedAtTheNextMount() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let keep = try f.file("keep", b("keep me"))
+        let (ino, h) = try f.create("doomed")
+        try f.write(ino, h, at: 0, [UInt8](repeating: 2, count: 9000))
+        try f.fs.setxattr(ino, name: b("user.x"), value: b("y"), flags: 0)
+        let cid = try #require(f.contentId(ino))
+        try f.fs.unlink(parent: root, name: b("doomed"))
+        try f.fs.commit()
+        #expect(try f.store.orphans() == [ino])
+        _ = h   // never released: the daemon "dies" here
+        try f.crashAndRemount()
+        #expect(try f.store.inode(ino) == nil, "the orphan's inode is removed at mount")
+        #expect(try f.store.orphans().isEmpty)
+        #expect(try f.store.chunkIndices(file: cid).isEmpty)
+        #expect(try f.store.xattrs(ino).isEmpty)
+        #expect(try f.contents(keep) == b("keep me"))
+        #expect(try f.list() == ["keep"])
+        // Durable: a further mount sees the same.
+        try f.remount()
+        #expect(try f.store.inode(ino) == nil)
+        #expect(try f.store.counts().inodes == 2)
+    }
+
+    @Test func uncommittedWorkIsLostInACrashCommittedWorkIsNot() throws {
+        var options = CofferFileSystem.Options()
+        options.commitInterval = .seconds(3600)
+        let f = try Fixture(options: options)
+        defer { f.cleanup() }
+        let synced = try f.file("synced", b("durable"))
+        try f.fs.fsync(synced, handle: nil, dataOnly: false)
+        let store = f.store
+        // Copy the store files while uncommitted changes sit in the open transaction (a power cut).
+        try f.file("unsynced", b("volatile"))
+        let crashDir = f.dir + "/crash"
+        try FileManager.default.createDirectory(atPath: crashDir, withIntermediateDirectories: false)
+        for s in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: f.storePath + s) {
+            try FileManager.default.copyItem(atPath: f.storePath + s, toPath: crashDir + "/" + EntityStore.fileName + s)
+        }
+        let crashed = try EntityStore.open(at: crashDir + "/" + EntityStore.fileName, keys: f.keys)
+        let fs2 = try CofferFileSystem(store: crashed, chunkSize: f.chunkSize, options: .init(), statfsPath: crashDir, logger: .init(label: "crash"))
+        defer { fs2.shutdown() }
+        #expect(try fs2.lookup(parent: root, name: b("synced")).size == 7)
+        expectError(FSError.notFound) { _ = try fs2.lookup(parent: root, name: b("unsynced")) }
+        #expect(store.hasPendingChanges, "the unsynced file was still uncommitted when copied")
+        #expect(crashed.generation == store.generation)
+    }
+
+    @Test func persistenceAcrossShutdownAndRemount() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let d = try f.mkdir("docs")
+        let sub = try f.mkdir("deep", in: d)
+        let file = try f.file("note.txt", in: sub, b("remember"))
+        _ = try f.fs.setattr(file, changes: AttributeChanges(mode: 0o600, mtime: .set(Timestamp(seconds: 1234, nanoseconds: 5678))), handle: nil, caller: caller)
+        _ = try f.fs.symlink(parent: d, name: b("link"), target: b("deep/note.txt"), caller: caller)
+        _ = try f.fs.link(file, newParent: root, newName: b("hard"))
+        try f.fs.setxattr(file, name: b("user.tag"), value: b("red"), flags: 0)
+        // Dirty in memory only (no explicit commit): shutdown must write it.
+        let generation = f.store.generation
+        try f.remount()
+        #expect(f.store.generation > generation)
+        #expect(Set(try f.list()) == ["docs", "hard"])
+        #expect(Set(try f.list(d)) == ["deep", "link"])
+        let a = try f.fs.getattr(file)
+        #expect(a.mode == UInt32(S_IFREG) | 0o600)
+        #expect(a.mtime == Timestamp(seconds: 1234, nanoseconds: 5678))
+        #expect(a.nlink == 2)
+        #expect(a.size == 8)
+        #expect(try f.contents(try f.ino("hard")) == b("remember"))
+        #expect(try f.fs.readlink(try f.ino("link", in: d)) == b("deep/note.txt"))
+        #expect(try f.fs.getxattr(file, name: b("user.tag")) == b("red"))
+        #expect(try f.fs.getattr(d).nlink == 3)
+        #expect(try f.fs.getattr(root).nlink == 3)
+    }
+
+    @Test func readOnlyModeRefusesEveryMutation() throws {
+        let f = try Fixture()
+        defer { f.cleanup() }
+        let file = try f.file("f", b("data"))
+        let d = try f.mkdir("d")
+        try f.fs.setxattr(file, name: b("user.a"), value: b("1"), flags: 0)
+        var options = CofferFileSystem.Options()
+        options.readOnly = true
+        try f.remount(options: options)
+        let fs = f.fs
+        #expect(fs.isReadOnly)
+        let erofs: [(String, () throws -> Void)] = [
+            ("create", { _ = try fs.create(parent: root, name: b("n"), mode: 0o644, flags: O_RDWR, caller: caller) }),
+            ("mkdir", { _ = try fs.mkdir(parent: root, name: b("n"), mode: 0o755, caller: caller) }),
+            ("mknod", { _ = try fs.mknod(parent: root, name: b("n"), mode: UInt32(S_IFIFO) | 0o644, rdev: 0, caller: caller) }),
+            ("symlink", { _ = try fs.symlink(parent: root, name: b("n"), target: b("/x"), caller: caller) }),
+            ("link", { _ = try fs.link(file, newParent: root, newName: b("n")) }),
+            ("unlink", { try fs.unlink(parent: root, name: b("f")) }),
+            ("rmdir", { try fs.rmdir(parent: root, name: b("d")) }),
+            ("rename", { try fs.rename(parent: root, name: b("f"), newParent: root, newName: b("g"), flags: []) }),
+            ("setattr mode", { _ = try fs.setattr(file, changes: AttributeChanges(mode: 0o600), handle: nil, caller: caller) }),
+            ("setattr size", { _ = try fs.setattr(file, changes: AttributeChanges(size: 0), handle: nil, caller: caller) }),
+            ("setattr times", { _ = try fs.setattr(file, changes: AttributeChanges(mtime: .now), handle: nil, caller: caller) }),
+            ("setxattr", { try fs.setxattr(file, name: b("user.b"), value: b("2"), flags: 0) }),
+            ("removexattr", { try fs.removexattr(file, name: b("user.a")) }),
+            ("open for writing", { _ = try fs.open(file, flags: O_WRONLY, caller: caller) }),
+            ("open O_RDWR", { _ = try fs.open(file, flags: O_RDWR, caller: caller) }),
+            ("open O_TRUNC", { _ = try fs.open(file, flags: O_RDONLY | O_TRUNC, caller: caller) }),
+        ]
+        for (what, op) in erofs {
+            #expect(fsError(op) == .readOnly, "\(what)")
+        }
+        // A handle opened for reading cannot write either.
+        let h = try fs.open(file, flags: O_RDONLY, caller: caller).handle
+        expectError(FSError.readOnly) { _ = try f.write(file, h, at: 0, b("x")) }
+        expectError(FSError.readOnly) { try fs.fallocate(file, handle: h, mode: 0, offset: 0, length: 100) }
+        #expect(try fs.read(file, handle: h, offset: 0, size: 10) == b("data"))
+        fs.release(file, handle: h)
+        // Reads work, nothing changed.
+        #expect(Set(try f.list()) == ["f", "d"])
+        #expect(try fs.getxattr(file, name: b("user.a")) == b("1"))
+        #expect(try fs.getattr(d).nlink == 2)
+        try fs.fsync(file, handle: nil, dataOnly: false)   // a no-op, not an error
+        try f.remount()
+        #expect(try f.contents(file) == b("data"))
+    }
+}

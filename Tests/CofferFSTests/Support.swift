@@ -1,0 +1,189 @@
+import CofferCrypto
+import Foundation
+import Glibc
+import Logging
+import Testing
+@testable import CofferFS
+@testable import CofferStore
+
+let root: InodeNumber = 1
+let caller = Caller(uid: 0, gid: 0)
+
+func b(_ s: String) -> [UInt8] { Array(s.utf8) }
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}
+
+func makeTempDir(_ prefix: String = "coffer-fs-test") throws -> String {
+    var template = Array((NSTemporaryDirectory() as NSString).appendingPathComponent("\(prefix)-XXXXXX").utf8CString)
+    guard let p = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else { throw TestFailure("mkdtemp: \(errno)") }
+    return String(cString: p)
+}
+
+/// Runs `body` and returns the FSError it threw (nil if none).
+func fsError(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void) -> FSError? {
+    do { try body(); return nil } catch let e as FSError { return e } catch {
+        Issue.record("expected an FSError, got \(error)", sourceLocation: sourceLocation)
+        return nil
+    }
+}
+
+/// A filesystem over a real store in a fresh temp dir (random keys: no KDF, fast).
+final class Fixture {
+    let dir: String
+    let keys: ContainerKeys
+    let chunkSize: Int
+    private(set) var store: EntityStore
+    private(set) var fs: CofferFileSystem
+    private var open = true
+    var storePath: String { dir + "/" + EntityStore.fileName }
+
+    init(chunkSize: Int = 65536, options: CofferFileSystem.Options = .init()) throws {
+        dir = try makeTempDir()
+        self.chunkSize = chunkSize
+        keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
+        try EntityStore.create(at: dir + "/" + EntityStore.fileName, keys: keys, registry: .standard, chunkSize: chunkSize)
+        store = try EntityStore.open(at: dir + "/" + EntityStore.fileName, keys: keys)
+        fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
+    }
+
+    /// Clean unmount and a fresh mount over the same store file.
+    func remount(options: CofferFileSystem.Options = .init()) throws {
+        if open { fs.shutdown() }
+        store = try EntityStore.open(at: storePath, keys: keys, readOnly: options.readOnly)
+        fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
+        open = true
+    }
+
+    /// A "crash": commit what is pending (as the group committer would have), then forget the
+    /// filesystem without any release or shutdown, and mount a new one over a new store.
+    func crashAndRemount(options: CofferFileSystem.Options = .init()) throws {
+        try store.commit()
+        store = try EntityStore.open(at: storePath, keys: keys, readOnly: options.readOnly)
+        fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
+        open = true
+    }
+
+    func cleanup() {
+        if open { fs.shutdown(); open = false }
+        try? FileManager.default.removeItem(atPath: dir)
+    }
+
+    // MARK: Conveniences
+
+    @discardableResult
+    func create(_ name: String, in parent: InodeNumber = root, mode: UInt32 = 0o644, flags: Int32 = O_RDWR) throws -> (ino: InodeNumber, handle: HandleID) {
+        let (attr, open) = try fs.create(parent: parent, name: b(name), mode: mode, flags: flags, caller: caller)
+        return (attr.ino, open.handle)
+    }
+
+    @discardableResult
+    func write(_ ino: InodeNumber, _ handle: HandleID, at offset: UInt64, _ data: [UInt8]) throws -> Int {
+        try data.withUnsafeBytes { try fs.write(ino, handle: handle, offset: offset, data: $0) }
+    }
+
+    /// Creates a file holding `content` and closes it.
+    @discardableResult
+    func file(_ name: String, in parent: InodeNumber = root, _ content: [UInt8] = []) throws -> InodeNumber {
+        let (ino, h) = try create(name, in: parent)
+        if !content.isEmpty { try write(ino, h, at: 0, content) }
+        fs.release(ino, handle: h)
+        return ino
+    }
+
+    /// The whole content, through a fresh read-only handle.
+    func contents(_ ino: InodeNumber) throws -> [UInt8] {
+        let h = try fs.open(ino, flags: O_RDONLY, caller: caller).handle
+        defer { fs.release(ino, handle: h) }
+        let size = try fs.getattr(ino).size
+        return try fs.read(ino, handle: h, offset: 0, size: Int(size) + 1)
+    }
+
+    func ino(_ name: String, in parent: InodeNumber = root) throws -> InodeNumber {
+        try fs.lookup(parent: parent, name: b(name)).ino
+    }
+
+    @discardableResult
+    func mkdir(_ name: String, in parent: InodeNumber = root, mode: UInt32 = 0o755) throws -> InodeNumber {
+        try fs.mkdir(parent: parent, name: b(name), mode: mode, caller: caller).ino
+    }
+
+    /// Names in a directory (without "." and ".."), read in pages of `page`.
+    func list(_ dir: InodeNumber = root, page: Int = 1000) throws -> [String] {
+        let h = try fs.opendir(dir, caller: caller)
+        defer { fs.releasedir(dir, handle: h) }
+        var out: [String] = []
+        var offset: Int64 = 0
+        while true {
+            let batch = try fs.readdir(dir, handle: h, offset: offset, limit: page, plus: false)
+            guard let last = batch.last else { break }
+            out += batch.map { String(decoding: $0.name, as: UTF8.self) }
+            offset = last.offset
+        }
+        return out.filter { $0 != "." && $0 != ".." }
+    }
+
+    func contentId(_ ino: InodeNumber) -> UInt64? { fs.inodes[ino]?.record.contentId ?? (try? store.inode(ino))?.contentId }
+}
+
+/// Deterministic bytes.
+struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+    mutating func bytes(_ n: Int) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: n)
+        var i = 0
+        while i < n {
+            var v = next()
+            for _ in 0 ..< 8 where i < n { out[i] = UInt8(truncatingIfNeeded: v); v >>= 8; i += 1 }
+        }
+        return out
+    }
+}
+
+// MARK: Error expectations
+// Closures are kept out of #expect's arguments on purpose: with Swift 6.3, a closure literal inside
+// #expect(...) next to another closure passed to the same helper in the same scope can run the wrong
+// closure body (seen: the value of the previous closure was reported). These helpers take the closure
+// as an ordinary trailing closure and record issues themselves.
+
+func expectError<E: Error & Equatable, T>(_ expected: E, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+                                          _ body: () throws -> T) {
+    do {
+        _ = try body()
+        Issue.record("expected \(expected), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+    } catch let e as E {
+        if e != expected { Issue.record("expected \(expected), got \(e)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation) }
+    } catch {
+        Issue.record("expected \(expected), got \(type(of: error)): \(error)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+    }
+}
+
+func expectSomeError<E: Error, T>(_ type: E.Type, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+                                  _ body: () throws -> T) {
+    do {
+        _ = try body()
+        Issue.record("expected a \(E.self), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+    } catch is E {
+    } catch {
+        Issue.record("expected a \(E.self), got \(Swift.type(of: error)): \(error)", sourceLocation: sourceLocation)
+    }
+}
+
+/// #require without a closure inside the macro (see the note above).
+func required<T>(_ value: T?, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation) throws -> T {
+    guard let value else {
+        Issue.record("required value is nil\(comment.map { ": \($0)" } ?? "")", sourceLocation: sourceLocation)
+        throw TestFailure("required value is nil")
+    }
+    return value
+}

@@ -1,0 +1,236 @@
+import CofferCrypto
+import Foundation
+import GRDB
+import Testing
+@testable import CofferStore
+
+@Suite("Entity store")
+struct EntityStoreTests {
+    @Test func inodesPutGetDelete() throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(in: dir)
+            defer { store.close() }
+            let root = try #require(try store.inode(EntityStore.rootInode))
+            #expect(root.mode == 0o040755 && root.nlink == 2)
+            #expect(try store.inode(12345) == nil)
+            let rec = sampleInode(size: 99, contentId: 77, target: .relative(b("a/b")))
+            try store.putInode(12345, rec)
+            #expect(try store.inode(12345) == rec)
+            var changed = rec; changed.size = 100
+            try store.putInode(12345, changed)
+            #expect(try store.inode(12345) == changed)
+            try store.putInode(UInt64.max, rec)   // the full 64-bit range maps onto SQLite's signed integers
+            #expect(try store.inode(UInt64.max) == rec)
+            try store.deleteInode(12345)
+            #expect(try store.inode(12345) == nil)
+            for _ in 0 ..< 50 {
+                let id = try store.newInodeId()
+                #expect(id > 1 && id <= UInt64(Int64.max))
+                #expect((try EntityStore.newContentId()) & 1 == 1)   // never 0
+            }
+        }
+    }
+
+    @Test func directoryEntries() throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(in: dir)
+            defer { store.close() }
+            #expect(try store.hasEntries(parent: 1) == false)
+            #expect(try store.entries(parent: 1).isEmpty)
+            let names = (0 ..< 20).map { b("name-\($0)") } + [[UInt8](repeating: 0xE2, count: 255)]
+            for (i, n) in names.enumerated() {
+                try store.putEntry(parent: 1, DirectoryEntryRecord(name: n, ino: UInt64(100 + i), type: 0o100000))
+            }
+            try store.putEntry(parent: 7, DirectoryEntryRecord(name: b("name-0"), ino: 5, type: 0o040000))
+            #expect(try store.hasEntries(parent: 1))
+            #expect(try store.entry(parent: 1, name: b("name-3"))?.ino == 103)
+            #expect(try store.entry(parent: 7, name: b("name-0"))?.ino == 5)
+            #expect(try store.entry(parent: 1, name: b("missing")) == nil)
+            #expect(try store.entry(parent: 2, name: b("name-3")) == nil)
+            let listed = try store.entries(parent: 1)
+            #expect(Set(listed.map(\.name)) == Set(names))
+            #expect(listed.count == names.count)
+            // Replacing an entry keeps one row.
+            try store.putEntry(parent: 1, DirectoryEntryRecord(name: b("name-3"), ino: 999, type: 0o120000))
+            #expect(try store.entry(parent: 1, name: b("name-3")) == DirectoryEntryRecord(name: b("name-3"), ino: 999, type: 0o120000))
+            #expect(try store.entries(parent: 1).count == names.count)
+            try store.deleteEntry(parent: 1, name: b("name-3"))
+            #expect(try store.entry(parent: 1, name: b("name-3")) == nil)
+            #expect(try store.entries(parent: 1).count == names.count - 1)
+            #expect(try store.counts().entries == names.count)   // 20 left in 1, plus one in 7
+        }
+    }
+
+    @Test func chunksSealStoreOpen() throws {
+        try withTempDir { dir in
+            let (store, keys, _) = try makeStore(in: dir)
+            defer { store.close() }
+            let file = (try EntityStore.newContentId())
+            let cipher = try keys.fileCipher(contentId: file)
+            let plain: [[UInt8]] = [[UInt8](repeating: 1, count: 4096), (0 ..< 100).map { UInt8($0) }, []]
+            var sealed: [(index: UInt64, sealed: [UInt8])] = []
+            for (i, p) in plain.enumerated() {
+                let index = UInt64(i) * 1000   // sparse indices
+                sealed.append((index, try p.withUnsafeBytes { try store.sealChunk($0, file: file, index: index, cipher: cipher) }))
+            }
+            try store.putChunks(file: file, sealed)
+            #expect(try store.chunkIndices(file: file) == [0, 1000, 2000])
+            let got = try store.sealedChunks(file: file, first: 0, last: 5000)
+            #expect(got.map(\.index) == [0, 1000, 2000])
+            for (i, c) in got.enumerated() {
+                var out = [UInt8](repeating: 0xAA, count: 4096)
+                let n = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file, index: c.index, cipher: cipher, into: $0) }
+                #expect(Array(out.prefix(n)) == plain[i])
+                // Bound to its index and its file.
+                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file, index: c.index + 1, cipher: cipher, into: $0) } }
+                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file ^ 2, index: c.index, cipher: cipher, into: $0) } }
+                let otherFileCipher = try keys.fileCipher(contentId: file ^ 2)
+                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file, index: c.index, cipher: otherFileCipher, into: $0) } }
+            }
+            // Range queries.
+            #expect(try store.sealedChunks(file: file, first: 1, last: 1999).map(\.index) == [1000])
+            #expect(try store.sealedChunks(file: file, first: 2001, last: UInt64(Int64.max)).isEmpty)
+            #expect(try store.sealedChunks(file: file ^ 2, first: 0, last: 5000).isEmpty)
+            // An output buffer too small for the chunk is refused, not overrun.
+            var small = [UInt8](repeating: 0, count: 10)
+            expectSomeError(StoreError.self) { _ = try small.withUnsafeMutableBytes { try store.openChunk(got[0].sealed, file: file, index: 0, cipher: cipher, into: $0) } }
+            // Deleting from an index.
+            try store.deleteChunks(file: file, from: 1000)
+            #expect(try store.chunkIndices(file: file) == [0])
+            try store.putChunk(file: file, index: 5, sealed: sealed[0].sealed)
+            try store.deleteChunks(file: file)
+            #expect(try store.chunkIndices(file: file).isEmpty)
+            // Reads after commit come from the reader pool.
+            try store.putChunks(file: file, [sealed[0]])
+            try store.commit()
+            #expect(try store.sealedChunks(file: file, first: 0, last: 0).map(\.sealed) == [sealed[0].sealed])
+        }
+    }
+
+    @Test func extendedAttributesAndOrphans() throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(in: dir)
+            defer { store.close() }
+            #expect(try store.xattr(1, name: b("user.a")) == nil)
+            try store.putXattr(1, name: b("user.a"), value: b("one"))
+            try store.putXattr(1, name: b("user.b"), value: [])
+            try store.putXattr(2, name: b("user.a"), value: b("two"))
+            #expect(try store.xattr(1, name: b("user.a")) == b("one"))
+            #expect(try store.xattr(1, name: b("user.b")) == [])
+            #expect(try store.xattr(2, name: b("user.a")) == b("two"))
+            #expect(Set(try store.xattrs(1).map(\.name)) == [b("user.a"), b("user.b")])
+            try store.putXattr(1, name: b("user.a"), value: b("uno"))
+            #expect(try store.xattr(1, name: b("user.a")) == b("uno"))
+            #expect(try store.deleteXattr(1, name: b("user.a")))
+            #expect(try store.deleteXattr(1, name: b("user.a")) == false)
+            try store.deleteXattrs(1)
+            #expect(try store.xattrs(1).isEmpty)
+            #expect(try store.xattr(2, name: b("user.a")) == b("two"))
+
+            #expect(try store.orphans().isEmpty)
+            try store.addOrphan(10); try store.addOrphan(10); try store.addOrphan(11)
+            #expect(Set(try store.orphans()) == [10, 11])
+            try store.removeOrphan(10)
+            #expect(try store.orphans() == [11])
+        }
+    }
+
+    @Test func commitBumpsGenerationAndPersists() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let g0 = store.generation
+            #expect(g0 >= 1, "creating the store commits once")
+            #expect(store.hasPendingChanges == false)
+            try store.commit()
+            #expect(store.generation == g0, "an empty commit must not bump the generation")
+            try store.putInode(50, sampleInode())
+            #expect(store.hasPendingChanges)
+            try store.commit()
+            #expect(store.generation == g0 + 1)
+            #expect(store.hasPendingChanges == false)
+            try store.putInode(51, sampleInode())
+            #expect(store.isCommitDue(age: .seconds(3600), volume: 1 << 30) == false, "not due yet")
+            #expect(store.isCommitDue(age: .zero, volume: 1 << 30))
+            #expect(store.isCommitDue(age: .seconds(3600), volume: 1), "due by volume")
+            try store.commit()
+            #expect(store.generation == g0 + 2)
+            #expect(store.isCommitDue(age: .zero, volume: 0) == false, "nothing pending")
+            store.close()
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            #expect(reopened.generation == g0 + 2)
+            #expect(try reopened.inode(50) != nil && reopened.inode(51) != nil)
+        }
+    }
+
+    @Test func committedDataIsVisibleToASecondReaderUncommittedIsNot() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            defer { store.close() }
+            let reader = try EntityStore.open(at: path, keys: keys, readOnly: true)
+            defer { reader.close() }
+            #expect(reader.readOnly)
+            try store.putInode(60, sampleInode(size: 1))
+            try store.putEntry(parent: 1, DirectoryEntryRecord(name: b("pending"), ino: 60, type: 0o100000))
+            #expect(try store.inode(60) != nil, "the writer sees its own open transaction")
+            #expect(try reader.inode(60) == nil, "uncommitted data must not be visible")
+            #expect(try reader.entry(parent: 1, name: b("pending")) == nil)
+            try store.commit()
+            #expect(try reader.inode(60)?.size == 1)
+            #expect(try reader.entry(parent: 1, name: b("pending"))?.ino == 60)
+            // The reader refuses writes.
+            expectError(StoreError.readOnly) { try reader.putInode(61, sampleInode()) }
+        }
+    }
+
+    @Test func crashWithAnOpenTransactionKeepsOnlyTheLastCommit() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            defer { store.close() }
+            try store.putInode(70, sampleInode(size: 70))
+            try store.commit()
+            let committedGeneration = store.generation
+            try store.putInode(70, sampleInode(size: 71))
+            try store.putInode(71, sampleInode(size: 1))
+            // Enough uncommitted data that some of it spills to the WAL before the commit.
+            let file = (try EntityStore.newContentId())
+            let cipher = try keys.fileCipher(contentId: file)
+            let big = [UInt8](repeating: 7, count: 65536)
+            for i in 0 ..< 64 {
+                try store.putChunk(file: file, index: UInt64(i), sealed: try big.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+            }
+            // "Crash": copy the files as they are on disk while the transaction is open.
+            let crash = dir + "/crash"
+            try FileManager.default.createDirectory(atPath: crash, withIntermediateDirectories: false)
+            for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
+                try FileManager.default.copyItem(atPath: path + suffix, toPath: crash + "/store.db" + suffix)
+            }
+            let recovered = try EntityStore.open(at: crash + "/store.db", keys: keys)
+            defer { recovered.close() }
+            #expect(recovered.generation == committedGeneration)
+            #expect(try recovered.inode(70)?.size == 70)
+            #expect(try recovered.inode(71) == nil)
+            #expect(try recovered.chunkIndices(file: file).isEmpty)
+        }
+    }
+
+    @Test func openRefusesWhatIsNotAStore() throws {
+        try withTempDir { dir in
+            let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
+            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/missing.db", keys: keys) }) {} else {
+                Issue.record("a missing store must be notAStore")
+            }
+            FileManager.default.createFile(atPath: dir + "/junk.db", contents: Data(repeating: 0x41, count: 8192))
+            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/junk.db", keys: keys) }) {} else {
+                Issue.record("a junk file must be notAStore")
+            }
+            // An SQLite database that is not ours.
+            let q = try DatabaseQueue(path: dir + "/other.db")
+            try q.write { db in try db.execute(sql: "CREATE TABLE t(x)") }
+            try q.close()
+            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/other.db", keys: keys) }) {} else {
+                Issue.record("a foreign SQLite database must be notAStore")
+            }
+        }
+    }
+}

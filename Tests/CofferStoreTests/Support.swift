@@ -1,0 +1,183 @@
+import CofferCrypto
+import Foundation
+import Glibc
+import Testing
+@testable import CofferStore
+
+/// The cheapest KDF the floor allows (about 0.15 s).
+let testKDF = KDFChoice.scrypt(logN: 16, r: 8, p: 1)
+let testPassword = "correct horse battery staple"
+
+func fastOptions(recovery: Bool = true, chunkSize: Int = 65536) -> Container.CreateOptions {
+    var o = Container.CreateOptions()
+    o.kdf = testKDF
+    o.withRecoveryKey = recovery
+    o.chunkSize = chunkSize
+    return o
+}
+
+func secure(_ s: String) -> SecureBytes { SecureBytes(copying: Array(s.utf8)) }
+func passwordSecret(_ s: String) -> Secret { Secret(kind: .password, bytes: secure(s)) }
+func b(_ s: String) -> [UInt8] { Array(s.utf8) }
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}
+
+/// A fresh private directory, removed when `body` returns (or throws).
+func withTempDir<T>(_ body: (String) throws -> T) throws -> T {
+    var template = Array((NSTemporaryDirectory() as NSString).appendingPathComponent("coffer-store-test-XXXXXX").utf8CString)
+    guard let p = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
+        throw TestFailure("mkdtemp failed: \(errno)")
+    }
+    let path = String(cString: p)
+    defer { try? FileManager.default.removeItem(atPath: path) }
+    return try body(path)
+}
+
+struct MadeContainer {
+    let root: String
+    let container: Container
+    let keys: ContainerKeys
+    let recoveryKey: String?
+}
+
+func makeContainer(in dir: String, name: String = "vault", password: String = testPassword,
+                   recovery: Bool = true, chunkSize: Int = 65536) throws -> MadeContainer {
+    let root = dir + "/" + name
+    let made = try Container.create(at: root, password: secure(password), options: fastOptions(recovery: recovery, chunkSize: chunkSize))
+    return MadeContainer(root: root, container: made.container, keys: made.keys, recoveryKey: made.recoveryKey)
+}
+
+func fileBytes(_ path: String) -> [UInt8] {
+    FileManager.default.contents(atPath: path).map { [UInt8]($0) } ?? []
+}
+
+/// Reads, edits and rewrites a container header file (as an attacker with a text editor would).
+func editHeader(_ root: String, _ edit: (inout ContainerHeader) -> Void) throws {
+    let path = root + "/" + ContainerHeader.fileName
+    guard let data = FileManager.default.contents(atPath: path) else { throw TestFailure("no header at \(path)") }
+    var header = try JSONDecoder().decode(ContainerHeader.self, from: data)
+    edit(&header)
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes]
+    try encoder.encode(header).write(to: URL(fileURLWithPath: path))
+}
+
+func readHeader(_ root: String) throws -> ContainerHeader {
+    guard let data = FileManager.default.contents(atPath: root + "/" + ContainerHeader.fileName) else { throw TestFailure("no header") }
+    return try JSONDecoder().decode(ContainerHeader.self, from: data)
+}
+
+/// Runs `body` and returns the ContainerError it threw (nil if none; any other error is recorded).
+func containerError(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void) -> ContainerError? {
+    do { try body(); return nil } catch let e as ContainerError { return e } catch {
+        Issue.record("expected a ContainerError, got \(error)", sourceLocation: sourceLocation)
+        return nil
+    }
+}
+
+/// Runs `body` and returns the StoreError it threw (nil if none; any other error is recorded).
+func storeError(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void) -> StoreError? {
+    do { try body(); return nil } catch let e as StoreError { return e } catch {
+        Issue.record("expected a StoreError, got \(error)", sourceLocation: sourceLocation)
+        return nil
+    }
+}
+
+extension StoreError {
+    /// The kind named by an authentication failure, nil for any other error.
+    var authenticationFailureKind: EntityKind? {
+        if case let .authenticationFailed(kind, _) = self { return kind }
+        return nil
+    }
+}
+
+/// SplitMix64: a tiny deterministic generator for seeded fuzzing.
+struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+    mutating func bytes(_ n: Int) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: n)
+        var i = 0
+        while i < n {
+            var v = next()
+            for _ in 0 ..< 8 where i < n { out[i] = UInt8(truncatingIfNeeded: v); v >>= 8; i += 1 }
+        }
+        return out
+    }
+}
+
+/// A test store with random keys (no KDF: fast), created in `dir`.
+func makeStore(in dir: String, name: String = "store.db") throws -> (store: EntityStore, keys: ContainerKeys, path: String) {
+    let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
+    let path = dir + "/" + name
+    try EntityStore.create(at: path, keys: keys, registry: .standard, chunkSize: 65536)
+    return (try EntityStore.open(at: path, keys: keys), keys, path)
+}
+
+func sampleInode(size: UInt64 = 0, contentId: UInt64 = 0, mode: UInt32 = 0o100644, target: StoredPath? = nil) -> InodeRecord {
+    let t = StoredTime(seconds: 1_700_000_000, nanoseconds: 123_456_789)
+    return InodeRecord(mode: mode, uid: 1000, gid: 1000, nlink: 1, size: size, rdev: 0, atime: t, mtime: t, ctime: t,
+                       contentId: contentId, symlinkTarget: target)
+}
+
+// MARK: Error expectations
+// Closures are kept out of #expect's arguments on purpose: with Swift 6.3, a closure literal inside
+// #expect(...) next to another closure passed to the same helper in the same scope can run the wrong
+// closure body (seen: the value of the previous closure was reported). These helpers take the closure
+// as an ordinary trailing closure and record issues themselves.
+
+func expectError<E: Error & Equatable, T>(_ expected: E, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+                                          _ body: () throws -> T) {
+    do {
+        _ = try body()
+        Issue.record("expected \(expected), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+    } catch let e as E {
+        if e != expected { Issue.record("expected \(expected), got \(e)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation) }
+    } catch {
+        Issue.record("expected \(expected), got \(type(of: error)): \(error)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+    }
+}
+
+func expectSomeError<E: Error, T>(_ type: E.Type, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+                                  _ body: () throws -> T) {
+    do {
+        _ = try body()
+        Issue.record("expected a \(E.self), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+    } catch is E {
+    } catch {
+        Issue.record("expected a \(E.self), got \(Swift.type(of: error)): \(error)", sourceLocation: sourceLocation)
+    }
+}
+
+func expectAuthFailure<T>(_ kind: EntityKind, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+                          _ body: () throws -> T) {
+    do {
+        _ = try body()
+        Issue.record("expected an authentication failure of a \(kind), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+    } catch let e as StoreError {
+        if e.authenticationFailureKind != kind {
+            Issue.record("expected an authentication failure of a \(kind), got \(e)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+        }
+    } catch {
+        Issue.record("expected a StoreError, got \(error)", sourceLocation: sourceLocation)
+    }
+}
+
+/// #require without a closure inside the macro (see the note above).
+func required<T>(_ value: T?, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation) throws -> T {
+    guard let value else {
+        Issue.record("required value is nil\(comment.map { ": \($0)" } ?? "")", sourceLocation: sourceLocation)
+        throw TestFailure("required value is nil")
+    }
+    return value
+}
