@@ -14,21 +14,26 @@ public final class AESGCM: Sendable {
     private let openers: ContextPool
 
     /// Copies the key into its own SecureBytes, so the caller may wipe theirs.
-    public init(key: SecureBytes) throws {
-        guard key.count == Self.keySize else {
-            throw CryptoError.invalidKeyLength(expected: Self.keySize, actual: key.count)
+    public convenience init(key: SecureBytes) throws {
+        // SecureBytes keeps its storage at one address for its whole life, and `key` outlives this call.
+        let bytes = key.withUnsafeBytes { UnsafeRawBufferPointer($0) }
+        try self.init(keyBytes: bytes)
+        withExtendedLifetime(key) {}
+    }
+
+    /// Copies the key into locked memory of its own. Contexts are keyed lazily, on first use, so
+    /// a file that is only written never pays for an opening context.
+    public init(keyBytes: UnsafeRawBufferPointer) throws {
+        guard keyBytes.count == Self.keySize else {
+            throw CryptoError.invalidKeyLength(expected: Self.keySize, actual: keyBytes.count)
         }
         let own = SecureBytes(count: Self.keySize)
-        own.withUnsafeMutableBytes { destination in
-            key.withUnsafeBytes { source in destination.copyMemory(from: source) }
-        }
+        own.withUnsafeMutableBytes { destination in destination.copyMemory(from: keyBytes) }
         self.key = own
         self.sealers = ContextPool(make: { try AESGCM.makeContext(key: own, encrypt: true) },
                                    destroy: { EVP_CIPHER_CTX_free($0) })
         self.openers = ContextPool(make: { try AESGCM.makeContext(key: own, encrypt: false) },
                                    destroy: { EVP_CIPHER_CTX_free($0) })
-        try sealers.prewarm()
-        try openers.prewarm()
     }
 
     // MARK: seal

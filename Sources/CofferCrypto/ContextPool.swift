@@ -19,9 +19,11 @@ final class ContextPool: Sendable {
     private let make: @Sendable () throws -> OpaquePointer
     private let destroy: @Sendable (OpaquePointer) -> Void
 
+    /// Read once: sysconf opens /sys on every call, and a pool is made for every file's key.
+    private static let defaultMaxIdle = min(64, max(4, 2 * sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+
     init(make: @escaping @Sendable () throws -> OpaquePointer, destroy: @escaping @Sendable (OpaquePointer) -> Void) {
-        let cpus = sysconf(Int32(_SC_NPROCESSORS_ONLN))
-        self.maxIdle = min(64, max(4, 2 * cpus))
+        self.maxIdle = Self.defaultMaxIdle
         self.make = make
         self.destroy = destroy
     }

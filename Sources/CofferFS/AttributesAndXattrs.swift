@@ -27,8 +27,8 @@ extension CofferFileSystem {
             if let a = changes.atime { s.record.atime = a.resolved(now); changed = true }
             if let m = changes.mtime { s.record.mtime = m.resolved(now); changed = true }
             if changed { s.record.ctime = changes.ctime?.stored ?? now }
+            // Written back with the next group commit (or when the inode leaves memory).
             s.dirty = true
-            try persist(s)
             return attributes(s)
         }
     }

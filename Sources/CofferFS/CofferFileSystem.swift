@@ -213,8 +213,15 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     func attributes(_ s: InodeState) -> Attributes {
         let r = s.record
         return Attributes(ino: s.ino, mode: r.mode, nlink: r.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
-                          size: r.size, blocks: (r.size + 511) / 512,
+                          size: r.size, blocks: blocks(r),
                           atime: Timestamp(r.atime), mtime: Timestamp(r.mtime), ctime: Timestamp(r.ctime))
+    }
+
+    /// 512-byte blocks of the chunks actually stored: sparse files look sparse to du, cp and rsync.
+    func blocks(_ r: InodeRecord) -> UInt64 {
+        let stored = r.chunkCount.multipliedReportingOverflow(by: UInt64(chunkSize))
+        let rounded = (r.size + 511) / 512 * 512
+        return (stored.overflow ? rounded : min(stored.partialValue, rounded)) / 512
     }
 
     func newHandle() -> HandleID {

@@ -40,19 +40,14 @@ extension CofferFileSystem {
         meta.withLock {
             guard files.removeValue(forKey: handle) != nil, let s = inodes[ino] else { return }
             s.opens -= 1
-            if s.opens == 0 {
-                if s.record.nlink == 0 && !s.deleted { try? destroy(s) }
-                else if s.dirty { try? persist(s) }
-            }
+            if s.opens == 0 && s.record.nlink == 0 && !s.deleted { try? destroy(s) }
             release(ifUnused: s)
         }
     }
 
-    public func flush(_ ino: InodeNumber, handle: HandleID) throws(FSError) {
-        try meta.withLock { () throws(FSError) in
-            if let s = inodes[ino], s.dirty { try persist(s) }
-        }
-    }
+    /// Nothing to do at close: changed records go out with the next group commit, which is at most
+    /// `commitInterval` away, or at fsync.
+    public func flush(_ ino: InodeNumber, handle: HandleID) throws(FSError) {}
 
     /// Durable once it returns: the group transaction, with this file in it, is committed.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
@@ -126,9 +121,10 @@ extension CofferFileSystem {
             let start = flags & O_APPEND != 0 ? size : offset
             let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
             guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
-            try writeRange(contentId: contentId, cipher: cipher, oldSize: size, offset: start, data: data)
+            let added = try writeRange(contentId: contentId, cipher: cipher, oldSize: size, offset: start, data: data)
             try meta.withLock { () throws(FSError) in
                 let now = StoredTime.now()
+                s.record.chunkCount += added
                 s.record.size = max(s.record.size, end)
                 s.record.mtime = now; s.record.ctime = now
                 // Writing drops setuid/setgid, as local filesystems do.
@@ -141,17 +137,23 @@ extension CofferFileSystem {
     }
 
     /// Seals and stores the chunks that [offset, offset+data.count) touches, merging partial chunks
-    /// with what they held. Call with the content lock held for writing.
-    func writeRange(contentId: UInt64, cipher: AESGCM, oldSize: UInt64, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) {
+    /// with what they held. Call with the content lock held for writing. Returns how many of them
+    /// are new (were holes or past the end).
+    func writeRange(contentId: UInt64, cipher: AESGCM, oldSize: UInt64, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> UInt64 {
         let cs = UInt64(chunkSize)
         let end = offset + UInt64(data.count)
         let first = offset / cs, last = (end - 1) / cs
+        // Appends need no look: every chunk past the old end is new.
+        var present = Set<UInt64>()
+        if first * cs < oldSize {
+            do { present = try store.chunkIndices(file: contentId, first: first, last: last) } catch { throw fsError(error) }
+        }
         // Only the first and last chunk can be partial; read those that hold data.
         var existing: [UInt64: [UInt8]] = [:]
         for index in Set([first, last]) {
             let start = index * cs
             let covered = offset <= start && end >= start + cs
-            if covered || start >= oldSize { continue }
+            if covered || start >= oldSize || !present.contains(index) { continue }
             existing[index] = try readRange(contentId: contentId, cipher: cipher, offset: start, count: Int(min(cs, oldSize - start)))
         }
         var sealed: [(index: UInt64, sealed: [UInt8])] = []
@@ -177,6 +179,7 @@ extension CofferFileSystem {
             } catch { throw fsError(error) }
         }
         do { try store.putChunks(file: contentId, sealed) } catch { throw fsError(error) }
+        return (last - first + 1) - UInt64(present.count)
     }
 
     /// Sets the size: shrinking drops whole chunks past the end and trims the last one, so bytes
@@ -193,10 +196,16 @@ extension CofferFileSystem {
                     let cs = UInt64(chunkSize)
                     let keep = (newSize + cs - 1) / cs
                     let cipher = try s.cipher(keys)
-                    do { try store.deleteChunks(file: s.record.contentId, from: keep) } catch { throw fsError(error) }
                     let tail = newSize % cs
-                    if tail != 0 {
-                        let index = newSize / cs
+                    let index = newSize / cs
+                    let tailStored: Bool
+                    do {
+                        let removed = try store.deleteChunks(file: s.record.contentId, from: keep)
+                        s.record.chunkCount -= min(s.record.chunkCount, UInt64(removed))
+                        tailStored = try tail != 0 && !store.chunkIndices(file: s.record.contentId, first: index, last: index).isEmpty
+                    } catch { throw fsError(error) }
+                    // Trim the last chunk if it is stored (a hole stays a hole).
+                    if tailStored {
                         let bytes = try readRange(contentId: s.record.contentId, cipher: cipher, offset: index * cs, count: Int(tail))
                         do {
                             let sealed = try bytes.withUnsafeBytes { try store.sealChunk($0, file: s.record.contentId, index: index, cipher: cipher) }

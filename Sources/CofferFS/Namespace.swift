@@ -37,6 +37,15 @@ extension CofferFileSystem {
     func makeNode(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64 = 0, caller: Caller,
                   symlink: StoredPath? = nil, size: UInt64 = 0) throws(FSError) -> InodeState {
         try checkWritable()
+        do {
+            return try store.batch { () throws(FSError) -> InodeState in
+                try makeNodeInBatch(parent: parent, name: name, mode: mode, rdev: rdev, caller: caller, symlink: symlink, size: size)
+            }
+        } catch { throw fsError(error) }
+    }
+
+    private func makeNodeInBatch(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller,
+                                 symlink: StoredPath?, size: UInt64) throws(FSError) -> InodeState {
         try Self.validate(name: name)
         let dir = try directory(parent)
         guard dir.record.nlink > 0 else { throw .notFound }

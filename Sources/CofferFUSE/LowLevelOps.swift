@@ -317,6 +317,9 @@ enum LowLevelOps {
             let result = try ctx.fs.open(ino, flags: effectiveFlags(ctx, fi.pointee.flags), caller: caller(req))
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
+            // Closing needs no round trip: the filesystem's flush does nothing (changes go out
+            // with the group commit; locks are kernel-local).
+            fi.pointee.noflush = 1
             if fuse_reply_open(req, fi) != 0 {
                 // The kernel gave up on this open (interrupted): it will never release the handle.
                 ctx.fs.release(ino, handle: result.handle)
@@ -336,6 +339,7 @@ enum LowLevelOps {
                                                          caller: caller(req))
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
+            fi.pointee.noflush = 1
             var e = ctx.entryParam(attributes)
             if fuse_reply_create(req, &e, fi) != 0 {
                 ctx.fs.release(attributes.ino, handle: result.handle)

@@ -143,8 +143,6 @@ public final class Container: @unchecked Sendable {
     public static func create(at path: String, password: SecureBytes, options: CreateOptions) throws(ContainerError)
         -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
         try options.kdf.validate()
-        // Nothing in a container is for other users.
-        umask(0o077)
         let root = absolute(path)
         var st = stat()
         var createdDirectory = false
@@ -176,7 +174,10 @@ public final class Container: @unchecked Sendable {
                 recoveryText = RecoveryKey.format(recovery)
             }
             header = container.header
-            try EntityStore.create(at: try container.storePath(), keys: keys, registry: .standard, chunkSize: options.chunkSize)
+            let storePath = try container.storePath()
+            try EntityStore.create(at: storePath, keys: keys, registry: .standard, chunkSize: options.chunkSize)
+            // Nothing in a container is for other users (SQLite gives its WAL and SHM the same mode).
+            chmod(storePath, 0o600)
             try container.writeHeader(keys: keys)
             return (container, keys, recoveryText)
         } catch {

@@ -1,4 +1,5 @@
 import CofferCrypto
+import Glibc
 import Synchronization
 
 /// The keys of an unlocked container: the master key and the subkeys derived from it with
@@ -14,6 +15,8 @@ public final class ContainerKeys: Sendable {
     let headerMAC: HMACSHA256
     /// Root of the per-file content keys.
     private let contentRoot: SecureBytes
+    /// HMAC keyed with the content root: HKDF-Expand of per-file keys in one MAC.
+    private let fileKeys: HMACSHA256
 
     public init(master: SecureBytes, containerId: [UInt8]) throws {
         self.master = master.withUnsafeBytes { SecureBytes(copying: $0) }
@@ -22,15 +25,19 @@ public final class ContainerKeys: Sendable {
         lookup = HMACSHA256(key: try Self.derive(master, containerId, "lookup"))
         headerMAC = HMACSHA256(key: try Self.derive(master, containerId, "header-mac"))
         contentRoot = try Self.derive(master, containerId, "content")
+        fileKeys = HMACSHA256(key: contentRoot)
     }
 
     /// The AEAD for one file's content chunks: a key of its own, derived from the content root
     /// and the file's random content id.
+    /// HKDF-Expand(content root, "coffer/v1/file" || id, 32) = HMAC(content root, info || 0x01)
+    /// (docs/FORMAT.md): one MAC instead of a full HKDF per file.
     public func fileCipher(contentId: UInt64) throws -> AESGCM {
-        let key = try HKDF.deriveKey(from: contentRoot, salt: containerId,
-                                     info: Array("coffer/v1/file".utf8) + contentId.bigEndianBytes, count: 32)
-        return try AESGCM(key: key)
+        var okm = fileKeys.authenticate(Self.fileInfoPrefix + contentId.bigEndianBytes + [0x01])
+        defer { okm.withUnsafeMutableBytes { if let p = $0.baseAddress { _ = memset(p, 0, $0.count) } } }
+        return try okm.withUnsafeBytes { try AESGCM(keyBytes: $0) }
     }
+    private static let fileInfoPrefix = Array("coffer/v1/file".utf8)
 
     /// A keyed tag (truncated HMAC) over a domain byte and parts; the only plain lookup keys in the store.
     public func tag(_ domain: UInt8, _ parts: [UInt8]...) -> [UInt8] {

@@ -189,8 +189,36 @@ public final class EntityStore: @unchecked Sendable {
         }
     }
 
+    /// The connection of a `batch` running on the current thread, if any.
+    private let batchLock = NSLock()
+    private var batchThread: pthread_t?
+    private var batchDatabase: Database?
+
+    private func currentBatchDatabase() -> Database? {
+        batchLock.lock(); defer { batchLock.unlock() }
+        guard let t = batchThread, pthread_equal(t, pthread_self()) != 0 else { return nil }
+        return batchDatabase
+    }
+
+    /// Runs several store calls in one visit to the writer connection (one queue hop instead of
+    /// one per call). Store calls made by `body` on this thread run directly on that connection.
+    public func batch<T>(_ body: () throws -> T) throws -> T {
+        if currentBatchDatabase() != nil { return try body() }
+        return try writer { db in
+            batchLock.lock(); batchThread = pthread_self(); batchDatabase = db; batchLock.unlock()
+            defer { batchLock.lock(); batchThread = nil; batchDatabase = nil; batchLock.unlock() }
+            return try body()
+        }
+    }
+
     /// Runs `body` on the writer connection (sees uncommitted changes), mapping errors.
     private func writer<T>(_ body: (Database) throws -> T) throws(StoreError) -> T {
+        if let db = currentBatchDatabase() {
+            do { return try body(db) } catch let e as StoreError { throw e } catch let e as DatabaseError {
+                if e.resultCode == .SQLITE_FULL { throw .diskFull }
+                throw .database(e.message ?? "\(e.resultCode)")
+            } catch { throw .database("\(error)") }
+        }
         do {
             return try pool.writeWithoutTransaction { db in
                 do { return try body(db) } catch {
@@ -413,10 +441,21 @@ public final class EntityStore: @unchecked Sendable {
         }
     }
 
-    /// Deletes chunks with index >= `from` (truncate, unlink).
-    public func deleteChunks(file: UInt64, from: UInt64 = 0) throws(StoreError) {
+    /// Deletes chunks with index >= `from` (truncate, unlink); returns how many there were.
+    @discardableResult
+    public func deleteChunks(file: UInt64, from: UInt64 = 0) throws(StoreError) -> Int {
         try write(file: file) { db in
             try db.cachedStatement(sql: "DELETE FROM chunks WHERE file = ? AND idx >= ?").execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: from)])
+            return db.changesCount
+        }
+    }
+
+    /// Which chunks `first...last` of a file are stored (the index alone; no values are read).
+    public func chunkIndices(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> Set<UInt64> {
+        try writer { db in
+            Set(try Int64.fetchAll(db.cachedStatement(sql: "SELECT idx FROM chunks WHERE file = ? AND idx BETWEEN ? AND ?"),
+                                   arguments: [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)])
+                .map { UInt64(bitPattern: $0) })
         }
     }
 

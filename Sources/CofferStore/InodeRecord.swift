@@ -22,13 +22,16 @@ public struct InodeRecord: Equatable, Sendable {
     public var contentId: UInt64
     /// Symlink target through the container-relative path transformer.
     public var symlinkTarget: StoredPath?
+    /// Content chunks actually stored (holes excluded): what `st_blocks` reports.
+    public var chunkCount: UInt64
 
     public init(mode: UInt32, uid: UInt32, gid: UInt32, nlink: UInt32, size: UInt64 = 0, rdev: UInt64 = 0,
                 atime: StoredTime, mtime: StoredTime, ctime: StoredTime, contentId: UInt64 = 0,
-                symlinkTarget: StoredPath? = nil) {
+                symlinkTarget: StoredPath? = nil, chunkCount: UInt64 = 0) {
         self.mode = mode; self.uid = uid; self.gid = gid; self.nlink = nlink; self.size = size; self.rdev = rdev
         self.atime = atime; self.mtime = mtime; self.ctime = ctime; self.contentId = contentId
         self.symlinkTarget = symlinkTarget
+        self.chunkCount = chunkCount
     }
 }
 
@@ -45,6 +48,7 @@ public struct InodeTransformer: EntityTransformer {
         for t in [v.atime, v.mtime, v.ctime] { w.i64(t.seconds); w.u32(t.nanoseconds) }
         w.u64(v.contentId)
         if let target = v.symlinkTarget { w.u8(1); ContainerPathTransformer.encode(target, into: &w) } else { w.u8(0) }
+        w.u64(v.chunkCount)
         return w.bytes
     }
 
@@ -67,10 +71,11 @@ public struct InodeTransformer: EntityTransformer {
         case 1: target = try ContainerPathTransformer.decode(from: &r)
         default: throw .invalidValue("symlink flag")
         }
+        let chunkCount = try r.u64()
         try r.finish()
         guard size <= UInt64(Int64.max) else { throw .invalidValue("size out of range") }
         return InodeRecord(mode: mode, uid: uid, gid: gid, nlink: nlink, size: size, rdev: rdev,
                            atime: times[0], mtime: times[1], ctime: times[2], contentId: contentId,
-                           symlinkTarget: target)
+                           symlinkTarget: target, chunkCount: chunkCount)
     }
 }

@@ -83,16 +83,39 @@ enum Daemonizer {
         return true
     }
 
+    /// Reads the daemon's one-line answer. Stops at the newline, not at EOF: helpers the daemon
+    /// starts (fusermount3 for auto_unmount) may live as long as the mount.
     static func readAll(_ fd: Int32) -> String {
         var data = [UInt8]()
-        var buf = [UInt8](repeating: 0, count: 4096)
+        var byte: UInt8 = 0
         while true {
-            let n = read(fd, &buf, buf.count)
+            let n = read(fd, &byte, 1)
             if n < 0 && errno == EINTR { continue }
             if n <= 0 { break }
-            data += buf[0 ..< n]
+            data.append(byte)
+            if byte == UInt8(ascii: "\n") || data.count > 65536 { break }
         }
         return String(decoding: data, as: UTF8.self)
+    }
+
+    /// In the daemon (started with --ready-fd): closes every descriptor inherited from the launcher
+    /// except stdio and the ready/secret pipes, and keeps those two from leaking into programs the
+    /// daemon starts. Runs first thing in main, before anything of ours opens a descriptor.
+    static func closeInheritedDescriptors(_ argv: [String]) {
+        guard let i = argv.firstIndex(of: "--ready-fd"), i + 1 < argv.count, let ready = Int32(argv[i + 1]) else { return }
+        var keep: Set<Int32> = [0, 1, 2, ready]
+        if let j = argv.firstIndex(of: "--secret-fd"), j + 1 < argv.count, let secret = Int32(argv[j + 1]) { keep.insert(secret) }
+        var open: [Int32] = []
+        if let dir = opendir("/proc/self/fd") {
+            let own = dirfd(dir)
+            while let entry = readdir(dir) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+                if let fd = Int32(name), fd != own { open.append(fd) }
+            }
+            closedir(dir)
+        }
+        for fd in open where !keep.contains(fd) { close(fd) }
+        for fd in keep where fd > 2 { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
     }
 }
 

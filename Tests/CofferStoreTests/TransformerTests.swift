@@ -56,21 +56,22 @@ struct TransformerTests {
         var w = ByteWriter()
         w.u8(1); w.u32(0o100644); w.u32(0); w.u32(0); w.u32(1); w.u64(UInt64(Int64.max) + 1); w.u64(0)
         for _ in 0 ..< 3 { w.i64(0); w.u32(0) }
-        w.u64(0); w.u8(0)
+        w.u64(0); w.u8(0); w.u64(0)
         expectError(DecodeError.invalidValue("size out of range")) { try t.decode(w.bytes) }
         // nanoseconds >= 1e9 (atime's nanoseconds start at 1 + 16 + 16 + 8)
         var badNs = good
         for i in 0 ..< 4 { badNs[41 + i] = [0x3B, 0x9A, 0xCA, 0x00][i] }   // 1_000_000_000
         expectError(DecodeError.invalidValue("nanoseconds out of range")) { try t.decode(badNs) }
-        // symlink flag other than 0/1
+        // symlink flag other than 0/1 (it sits before the trailing u64 chunk count)
         var badFlag = good
-        badFlag[badFlag.count - 1] = 2
+        badFlag[badFlag.count - 9] = 2
         expectError(DecodeError.invalidValue("symlink flag")) { try t.decode(badFlag) }
         // symlink target that escapes its root, or holds NUL
         for hostile in [StoredPath.relative(b("../x")), .relative(b("/etc/passwd")), .relative(b("a/../../b")), .verbatim(b("a\0b"))] {
             var w = ByteWriter()
-            w.raw(good.dropLast()); w.u8(1)
+            w.raw(good.dropLast(9)); w.u8(1)
             ContainerPathTransformer.encode(hostile, into: &w)
+            w.u64(0)
             if case .invalidValue? = decodeError({ try t.decode(w.bytes) }) {} else {
                 Issue.record("inode with hostile symlink target \(hostile) was not refused")
             }

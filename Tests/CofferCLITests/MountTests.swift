@@ -1,0 +1,368 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// The "Mount" issue: real FUSE mounts through the built binary: lifecycle, failures, foreground mode,
+// the mount.fuse3 / fstab form, secrets, durability after SIGKILL.
+
+/// Processes whose command line names `container` (a coffer daemon serving it), excluding ourselves.
+func cofferProcesses(serving container: String) -> [pid_t] {
+    guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return [] }
+    return names.compactMap { pid_t($0) }.filter { pid in
+        guard pid != getpid(), E2E.isAlive(pid) else { return false }
+        let argv = E2E.cmdline(pid)
+        return argv.contains { $0.hasSuffix("coffer") } && argv.contains(container)
+    }
+}
+
+/// A long-running child (a foreground mount), with output in files.
+final class Child: @unchecked Sendable {
+    let spawned: Spawned
+    let outPath: String, errPath: String
+    init(_ executable: String, _ arguments: [String]) throws {
+        let tag = "/tmp/coffer-e2e-child-\(getpid())-\(UUID().uuidString)"
+        outPath = tag + ".out"; errPath = tag + ".err"
+        guard let s = Spawned(executable, arguments, stdinPath: "/dev/null", stdoutPath: outPath, stderrPath: errPath) else {
+            throw Sandbox.SandboxError("cannot start \(executable)")
+        }
+        spawned = s
+    }
+    var pid: pid_t { spawned.pid }
+    var stderr: String { E2E.readText(errPath) ?? "" }
+    /// Waits for exit; SIGKILLs it (our own child only) after `seconds`. Returns the exit status, nil on timeout.
+    func waitForExit(_ seconds: Double) -> Int32? { spawned.wait(timeout: seconds) }
+    func stop() {
+        if spawned.isRunning { _ = spawned.wait(timeout: 0.1) }
+        unlink(outPath); unlink(errPath)
+    }
+}
+
+@Suite("Mount: lifecycle, failures, mount(8), durability", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"))
+struct MountTests {
+    @Test func mountWriteUnmountRemount() throws {
+        let sb = try Sandbox("lifecycle")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let parentDev = E2E.device(sb.root)
+        let m = sb.mount()
+        try #require(m.ok, "\(m)")
+        // Right after return, the mountpoint answers as a filesystem of its own.
+        let dev = E2E.device(sb.mnt)
+        #expect(dev != nil && dev != parentDev, "mount returned before the mountpoint answered (st_dev \(String(describing: dev)) vs parent \(String(describing: parentDev)))")
+        let entry = try #require(E2E.mountEntry(at: sb.mnt), "no /proc/mounts entry")
+        #expect(entry.type == "fuse.coffer", "type is \(entry.type)")
+        #expect(entry.source == sb.container, "source is \(entry.source)")
+        let daemon = try #require(E2E.daemonPid(container: sb.container), "no pid in coffer.lock")
+        #expect(E2E.isAlive(daemon))
+
+        let big = E2E.randomBytes(3 << 20)
+        try E2E.write(sb.mnt + "/big.bin", big)
+        var expected: [String: [UInt8]] = ["big.bin": big]
+        for i in 0 ..< 200 {
+            let dir = "d\(i % 5)/e\(i % 3)/f\(i % 2)"
+            try FileManager.default.createDirectory(atPath: sb.mnt + "/" + dir, withIntermediateDirectories: true)
+            let content = Array("file \(i) ".utf8) + E2E.randomBytes(i * 7 % 300)
+            try E2E.write(sb.mnt + "/\(dir)/small\(i).txt", content)
+            expected["\(dir)/small\(i).txt"] = content
+        }
+        #expect(E2E.snapshot(sb.mnt) == expected, "read-back before unmount differs")
+
+        let u = sb.unmount()
+        #expect(u.ok, "\(u)")
+        #expect(!E2E.isMounted(sb.mnt), "still mounted after coffer unmount")
+        #expect(!E2E.isAlive(daemon), "the daemon \(daemon) is still running after coffer unmount returned")
+        #expect(E2E.snapshot(sb.mnt).isEmpty, "files visible on the bare mountpoint")
+
+        let m2 = sb.mount()
+        try #require(m2.ok, "\(m2)")
+        let after = E2E.snapshot(sb.mnt)
+        #expect(after.keys.sorted() == expected.keys.sorted(), "file set differs after remount")
+        #expect(after["big.bin"] == big, "3 MiB file differs after remount")
+        #expect(after == expected, "contents differ after remount")
+        #expect(sb.unmount().ok)
+    }
+
+    @Test func wrongPasswordMountsNothing() throws {
+        let sb = try Sandbox("mountwrong")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let bad = sb.root + "/bad"
+        try E2E.write(bad, "wrong\n")
+        let r = sb.mount(passfile: bad)
+        #expect(r.status == 12, "\(r)")
+        #expect(r.stderrLines.count == 1, "\(r)")
+        #expect(!E2E.isMounted(sb.mnt))
+        #expect(E2E.wait(5) { cofferProcesses(serving: sb.container).isEmpty }, "a daemon is left running")
+    }
+
+    @Test func badMountpointsAreRefused() throws {
+        let sb = try Sandbox("badmnt")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let missing = sb.root + "/missing"
+        let r1 = sb.mount(at: missing)
+        #expect(r1.status == 14, "\(r1)")
+        #expect(!E2E.isMounted(missing))
+
+        let full = sb.root + "/full"
+        try #require(mkdir(full, 0o755) == 0)
+        try E2E.write(full + "/x", "x")
+        let r2 = sb.mount(at: full)
+        #expect(r2.status == 14, "\(r2)")
+        #expect(r2.stderr.contains("not empty"), "\(r2)")
+        #expect(!E2E.isMounted(full))
+        #expect(E2E.readText(full + "/x") == "x")
+
+        let file = sb.root + "/plainfile"
+        try E2E.write(file, "f")
+        let r3 = sb.mount(at: file)
+        #expect(r3.status == 14, "\(r3)")
+        #expect(E2E.wait(5) { cofferProcesses(serving: sb.container).isEmpty }, "a daemon is left running")
+    }
+
+    @Test func secondMountOfTheSameContainerIsRefused() throws {
+        let sb = try Sandbox("twice")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let other = sb.root + "/m2"
+        try #require(mkdir(other, 0o755) == 0)
+        let r = sb.mount(at: other)
+        #expect(r.status == 15, "\(r)")
+        #expect(r.stderr.contains("already mounted"), "\(r)")
+        #expect(!E2E.isMounted(other))
+        // The first mount still works.
+        try E2E.write(sb.mnt + "/still.txt", "works")
+        #expect(E2E.readText(sb.mnt + "/still.txt") == "works")
+        #expect(E2E.isMounted(sb.mnt))
+        #expect(sb.unmount().ok)
+    }
+
+    @Test func unknownMountOptionIsNamed() throws {
+        let sb = try Sandbox("badopt")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let r = sb.mount(options: "noatime,frobnicate_widgets")
+        #expect(r.status != 0, "\(r)")
+        #expect(r.stderr.contains("frobnicate_widgets"), "\(r)")
+        #expect(!E2E.isMounted(sb.mnt))
+        #expect(E2E.wait(5) { cofferProcesses(serving: sb.container).isEmpty })
+    }
+
+    @Test func unmountOfSomethingElseIsRefused() throws {
+        let sb = try Sandbox("unmountnot")
+        defer { sb.cleanup() }
+        let r = sb.unmount()
+        #expect(r.status == 14, "\(r)")
+    }
+
+    @Test func unmountOfABusyMountIsRefusedAndLeavesItWorking() throws {
+        let sb = try Sandbox("busy")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/f", "data")
+        let holder = try Child("/bin/sh", ["-c", "cd \"$1\" && exec sleep 60", "sh", sb.mnt])
+        defer { holder.spawned.signal(SIGKILL); holder.stop() }
+        #expect(E2E.wait(10) { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(holder.pid)/cwd")) == sb.mnt },
+                "the holder did not enter the mount")
+        let u = sb.unmount()
+        #expect(u.status != 0, "\(u)")
+        #expect(u.stderr.contains("busy"), "\(u)")
+        #expect(E2E.isMounted(sb.mnt))
+        #expect(E2E.readText(sb.mnt + "/f") == "data", "the mount stopped working after a refused unmount")
+        holder.spawned.signal(SIGKILL)
+        _ = holder.waitForExit(10)
+        let u2 = sb.unmount()
+        #expect(u2.ok, "\(u2)")
+        #expect(!E2E.isMounted(sb.mnt))
+    }
+
+    @Test func autoUnmountCleansUpAfterSIGKILL() throws {
+        let sb = try Sandbox("autounmount")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        // `coffer mount` must return once the mount answers, auto_unmount or not.
+        let first = sb.mount(options: "auto_unmount", timeout: 15)
+        #expect(first.ok, "coffer mount -o auto_unmount did not return: \(first)")
+        try #require(E2E.wait(5) { E2E.isMounted(sb.mnt) }, "not mounted")
+        try E2E.write(sb.mnt + "/f", "x")
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        try #require(E2E.cmdline(pid).contains(sb.container), "lock pid is not our daemon")
+        #expect(kill(pid, SIGKILL) == 0)
+        #expect(E2E.wait(10) { !E2E.isMounted(sb.mnt) }, "auto_unmount left the dead mount in place")
+        let m = sb.mount(timeout: 15)
+        #expect(m.ok, "\(m)")
+    }
+
+    @Test func foregroundMountEndsCleanlyOnSIGTERM() throws {
+        let sb = try Sandbox("fg")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let child = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
+        defer { child.stop() }
+        let up = E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }
+        try #require(up, "foreground mount did not come up: \(child.stderr)")
+        #expect(E2E.daemonPid(container: sb.container) == child.pid, "coffer.lock does not name the foreground process")
+        let data = E2E.randomBytes(300_000)
+        try E2E.write(sb.mnt + "/fg.bin", data)
+        #expect(child.spawned.signal(SIGTERM))
+        let status = child.waitForExit(30)
+        #expect(status == 0, "foreground mount exit status \(String(describing: status)) after SIGTERM: \(child.stderr)")
+        #expect(!E2E.isMounted(sb.mnt), "still mounted after SIGTERM")
+        let m = sb.mount()
+        try #require(m.ok, "\(m)")
+        #expect(E2E.read(sb.mnt + "/fg.bin") == data, "data written before SIGTERM was not committed")
+        #expect(sb.unmount().ok)
+    }
+
+    @Test func mountDotFuse3FormWithAbsoluteType() throws {
+        let sb = try Sandbox("mounttype")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let exe = try sb.dotFreeCoffer()
+        let r = E2E.run("/bin/mount", ["-t", "fuse.\(exe)", sb.container, sb.mnt, "-o", "passfile=\(sb.passfile)"])
+        sb.noteDaemon()
+        try #require(r.ok, "\(r)")
+        #expect(E2E.answersAsMount(sb.mnt), "mount(8) returned before the mount answered")
+        let entry = try #require(E2E.mountEntry(at: sb.mnt))
+        #expect(entry.type.hasPrefix("fuse"), "\(entry.type)")
+        #expect(entry.type == "fuse.coffer", "type is \(entry.type) (subtype from mount.fuse3 vs coffer's own)")
+        try E2E.write(sb.mnt + "/via-mount8.txt", "hello from mount(8)")
+        let u = E2E.run("/bin/umount", [sb.mnt])
+        #expect(u.ok, "\(u)")
+        #expect(!E2E.isMounted(sb.mnt))
+        #expect(E2E.wait(10) { cofferProcesses(serving: sb.container).isEmpty }, "daemon still running after umount")
+        let m = sb.mount()
+        try #require(m.ok, "\(m)")
+        #expect(E2E.readText(sb.mnt + "/via-mount8.txt") == "hello from mount(8)")
+    }
+
+    @Test func fstabLine() throws {
+        let sb = try Sandbox("fstab")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let exe = try sb.dotFreeCoffer()
+        let fstab = sb.root + "/fstab"
+        try E2E.write(fstab, "# test fstab\n\(sb.container) \(sb.mnt) fuse.\(exe) noauto,nodev,nosuid,passfile=\(sb.passfile) 0 0\n")
+        let r = E2E.run("/bin/mount", ["--fstab", fstab, sb.mnt])
+        sb.noteDaemon()
+        try #require(r.ok, "\(r)")
+        let entry = try #require(E2E.mountEntry(at: sb.mnt))
+        #expect(entry.source == sb.container, "\(entry)")
+        #expect(entry.options.split(separator: ",").contains("nodev"), "nodev not applied: \(entry.options)")
+        #expect(E2E.answersAsMount(sb.mnt))
+        try E2E.write(sb.mnt + "/f", "fstab")
+        #expect(E2E.readText(sb.mnt + "/f") == "fstab")
+        let u = E2E.run("/bin/umount", [sb.mnt])
+        #expect(u.ok, "\(u)")
+        #expect(!E2E.isMounted(sb.mnt))
+    }
+
+    @Test func passwordNeverInTheDaemonsArgvOrEnvironment() throws {
+        let sb = try Sandbox("argv")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        try #require(E2E.isAlive(pid))
+        let argv = E2E.cmdline(pid)
+        #expect(!argv.isEmpty, "cannot read /proc/\(pid)/cmdline")
+        #expect(argv.contains(sb.container), "lock pid \(pid) is not our daemon: \(argv)")
+        #expect(!argv.joined(separator: " ").contains(sb.password), "password in the daemon's argv: \(argv)")
+        let environ = String(decoding: E2E.read("/proc/\(pid)/environ") ?? [], as: UTF8.self)
+        #expect(!environ.contains(sb.password), "password in the daemon's environment")
+        #expect(sb.unmount().ok)
+    }
+
+    /// A daemon must not keep descriptors of whoever ran `coffer mount` (pipes a caller waits on for EOF,
+    /// files on other filesystems that then cannot be unmounted, ...): only its own.
+    @Test func daemonKeepsNoDescriptorsOfItsCaller() throws {
+        let sb = try Sandbox("fdleak")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let marker = sb.root + "/caller-marker"
+        let r = E2E.run("/bin/sh", ["-c", "exec 7>\"$1\"; exec \"$2\" mount \"$3\" \"$4\" --passfile \"$5\"", "sh",
+                                     marker, E2E.coffer, sb.container, sb.mnt, sb.passfile])
+        sb.noteDaemon()
+        try #require(r.ok, "\(r)")
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        try #require(E2E.cmdline(pid).contains(sb.container))
+        let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
+        #expect(!fds.isEmpty, "cannot list /proc/\(pid)/fd")
+        let targets = fds.compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)") }
+        #expect(!targets.contains(marker), "the daemon inherited its caller's descriptor 7 (\(marker)); open: \(targets)")
+        #expect(sb.unmount().ok)
+    }
+
+    @Test func promptedPasswordGoesThroughAPipe() throws {
+        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        let sb = try Sandbox("argvprompt")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let r = E2E.onTerminal([E2E.coffer, "mount", sb.container, sb.mnt], answers: [("Password: ", sb.password)])
+        sb.noteDaemon()
+        try #require(r.status == 0, "\(r)")
+        try #require(E2E.isMounted(sb.mnt))
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        let argv = E2E.cmdline(pid)
+        #expect(argv.contains(sb.container), "\(argv)")
+        #expect(!argv.joined(separator: " ").contains(sb.password), "password in argv: \(argv)")
+        let environ = String(decoding: E2E.read("/proc/\(pid)/environ") ?? [], as: UTF8.self)
+        #expect(!environ.contains(sb.password))
+        try E2E.write(sb.mnt + "/p", "prompted")
+        #expect(E2E.readText(sb.mnt + "/p") == "prompted")
+        #expect(sb.unmount().ok)
+    }
+
+    @Test func fsyncedDataSurvivesSIGKILL() throws {
+        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        let sb = try Sandbox("sigkill")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let data = E2E.randomBytes(1 << 20)
+        let src = sb.root + "/src.bin"
+        try E2E.write(src, data)
+        let w = E2E.py("""
+            import os, sys
+            data = open(sys.argv[1], 'rb').read()
+            fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, data)
+            os.fsync(fd)
+            os.close(fd)
+            os.mkdir(sys.argv[3])
+            fd = os.open(sys.argv[3], os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            """, [src, sb.mnt + "/synced.bin", sb.mnt + "/synced-dir"])
+        try #require(w.ok, "\(w)")
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        try #require(E2E.cmdline(pid).contains(sb.container), "lock pid is not our daemon")
+        #expect(kill(pid, SIGKILL) == 0)
+        #expect(E2E.wait(10) { !E2E.isAlive(pid) })
+        let z = E2E.run("/bin/fusermount3", ["-uz", sb.mnt])
+        #expect(z.ok, "\(z)")
+        #expect(!E2E.isMounted(sb.mnt))
+        // The stale lock (file still naming the dead pid) is taken over.
+        let m = sb.mount()
+        try #require(m.ok, "remount after SIGKILL failed: \(m)")
+        #expect(E2E.read(sb.mnt + "/synced.bin") == data, "fsynced file lost or damaged")
+        #expect(E2E.statOf(sb.mnt + "/synced-dir").map { ($0.st_mode & S_IFMT) == S_IFDIR } == true)
+        #expect(sb.unmount().ok)
+        #expect(sb.mount().ok, "a third mount fails")
+        #expect(E2E.read(sb.mnt + "/synced.bin") == data)
+    }
+
+    @Test func readOnlyMount() throws {
+        let sb = try Sandbox("ro")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/a", "before")
+        try sb.remount(options: "ro")
+        #expect(E2E.readText(sb.mnt + "/a") == "before")
+        #expect(E2E.mountEntry(at: sb.mnt)?.options.split(separator: ",").contains("ro") == true)
+        let w = E2E.sh("echo x > '\(sb.mnt)/b'")
+        #expect(!w.ok, "write on a read-only mount succeeded")
+        #expect(w.stderr.contains("Read-only"), "\(w)")
+    }
+}
