@@ -204,11 +204,16 @@ public final class EntityStore: @unchecked Sendable {
     /// one per call). Store calls made by `body` on this thread run directly on that connection.
     public func batch<T>(_ body: () throws -> T) throws -> T {
         if currentBatchDatabase() != nil { return try body() }
-        return try writer { db in
+        // The body's own errors (e.g. EEXIST from the filesystem) come back unchanged.
+        var bodyError: (any Error)?
+        let result: T? = try writer { db in
             batchLock.lock(); batchThread = pthread_self(); batchDatabase = db; batchLock.unlock()
             defer { batchLock.lock(); batchThread = nil; batchDatabase = nil; batchLock.unlock() }
-            return try body()
+            do { return try body() } catch { bodyError = error; return nil }
         }
+        if let bodyError { throw bodyError }
+        guard let result else { throw StoreError.database("batch produced no result") }
+        return result
     }
 
     /// Runs `body` on the writer connection (sees uncommitted changes), mapping errors.
