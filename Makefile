@@ -40,6 +40,7 @@ demo: release
 	$$B init --passfile $(DEMO_DIR)/passfile --no-recovery-key $(DEMO_DIR)/vault; \
 	$$B mount --passfile $(DEMO_DIR)/passfile $(DEMO_DIR)/vault $(DEMO_DIR)/mnt; \
 	echo "Hello from Coffer" > $(DEMO_DIR)/mnt/hello.txt; mkdir -p $(DEMO_DIR)/mnt/docs; \
+	sync $(DEMO_DIR)/mnt/hello.txt; \
 	echo; $$B info --passfile $(DEMO_DIR)/passfile $(DEMO_DIR)/vault; echo; \
 	echo "Mounted $(DEMO_DIR)/vault (encrypted) on $(DEMO_DIR)/mnt (plain view):"; ls -l $(DEMO_DIR)/mnt; \
 	echo; echo "Use it with any tool, e.g.  cp -r ~/Documents $(DEMO_DIR)/mnt/docs/"; \

@@ -26,6 +26,9 @@ public final class EntityStore: @unchecked Sendable {
     /// everything since the last commit is gone and caches above must be reloaded.
     public var onRollback: (@Sendable () -> Void)?
 
+    /// Called after every durable commit with the new generation (the rollback ledger listens).
+    public var onCommit: (@Sendable (UInt64) -> Void)?
+
     /// Writer-side state; only touched inside `writer { }`.
     private struct Pending {
         var generation: UInt64 = 0
@@ -264,6 +267,7 @@ public final class EntityStore: @unchecked Sendable {
             }
         }
         checkpointer?.committed()
+        if let onCommit { onCommit(generation) }
     }
 
     /// True when the open transaction is older than `age` or holds more than `volume` bytes.

@@ -11,7 +11,7 @@ struct CofferCommand: ParsableCommand {
             directory of plain files. Also usable as `mount -t fuse.coffer CONTAINER DIR -o passfile=FILE`.
             Exit statuses: 0 ok, 1 failure, 10 no container, 11 header refused, 12 wrong password,
             13 store damaged, 14 bad mountpoint, 15 already mounted, 16 mount failed, 17 bad password input,
-            64 usage error.
+            18 store older than last seen (rollback), 64 usage error.
             """,
         subcommands: [InitCommand.self, InfoCommand.self, PasswdCommand.self, MountCommand.self, UnmountCommand.self])
 
@@ -52,6 +52,7 @@ enum ExitStatus {
     static let alreadyMounted: Int32 = 15
     static let mountFailed: Int32 = 16
     static let badPasswordInput: Int32 = 17
+    static let rollback: Int32 = 18
 }
 
 /// Runs a command body, turning any failure into one clear line and its exit status.

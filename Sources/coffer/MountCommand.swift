@@ -37,6 +37,9 @@ struct MountCommand: ParsableCommand {
     @Option(help: "Log level: error, warning, info, debug.")
     var logLevel: String = "info"
 
+    @Flag(help: "Mount even if the store is older than the newest this machine has seen (a rollback).")
+    var allowRollback = false
+
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
@@ -49,6 +52,7 @@ struct MountCommand: ParsableCommand {
         if secretOptions.passfile == nil { secretOptions.passfile = opts.passfile }
         if secretOptions.extpass == nil { secretOptions.extpass = opts.extpass }
         if secretOptions.keyfile == nil { secretOptions.keyfile = opts.keyfile }
+        if allowRollback { opts.allowRollback = true }
         if foreground || readyFD != nil {
             try runDaemon(options: opts, secret: secretOptions)
         } else {
@@ -59,6 +63,7 @@ struct MountCommand: ParsableCommand {
     /// The arguments for the background daemon: everything but the secret, which goes through a pipe.
     func backgroundArguments(_ opts: MountOptionSet) -> [String] {
         var args = ["mount", Container.absolutePath(container), Container.absolutePath(mountpoint), "--log-level", logLevel]
+        if allowRollback { args.append("--allow-rollback") }
         for o in options { args += ["-o", o] }
         return args
     }
@@ -94,6 +99,7 @@ struct MountCommand: ParsableCommand {
         let keys = unlocked.keys
         do {
             let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: opts.readOnly)
+            try checkRollback(store: store, containerId: c.header.containerId, allow: opts.allowRollback, logger: logger)
             var fsOptions = CofferFileSystem.Options()
             fsOptions.readOnly = opts.readOnly
             fsOptions.symlinkRoot = mnt
@@ -116,6 +122,25 @@ struct MountCommand: ParsableCommand {
             keys.wipe()
             throw error
         }
+    }
+}
+
+extension MountCommand {
+    /// Refuses a store older than the newest this machine has seen, then keeps the ledger current.
+    func checkRollback(store: EntityStore, containerId: String, allow: Bool, logger: Logger) throws {
+        let ledger = GenerationLedger()
+        if let last = ledger.lastSeen(containerId: containerId), store.generation < last {
+            guard allow else {
+                store.close()
+                throw CLIFailure(message: "the store is older than the one this machine last saw (generation \(store.generation) < \(last)): it was replaced by an older copy of itself (rollback) or restored from a backup; mount with --allow-rollback (-o allow_rollback) to accept it", code: ExitStatus.rollback)
+            }
+            logger.warning("mounting a store older than the last seen (generation \(store.generation) < \(last)) as asked")
+        }
+        // With --allow-rollback the user accepts this store: it becomes the newest seen.
+        if !ledger.record(store.generation, containerId: containerId, replacingNewer: allow) {
+            logger.warning("cannot record the store generation in \(ledger.directory): rollback detection is off for this mount")
+        }
+        store.onCommit = { generation in ledger.record(generation, containerId: containerId) }
     }
 }
 

@@ -13,6 +13,7 @@ struct MountOptionSet {
     var plainSymlinks = false
     var writebackCache = false
     var singleThreaded = false
+    var allowRollback = false
     var passthrough: [String] = []
 
     /// Kernel mount flags and FUSE options handed on as they are.
@@ -38,11 +39,12 @@ struct MountOptionSet {
             case ("plain_symlinks", nil): plainSymlinks = true
             case ("writeback_cache", nil): writebackCache = true
             case ("single_thread", nil): singleThreaded = true
+            case ("allow_rollback", nil): allowRollback = true
             case (let k, nil) where Self.passthroughFlags.contains(k): passthrough.append(k)
             case (let k, _) where Self.ignored.contains(k) || k.hasPrefix("x-") || k.hasPrefix("comment="): continue
             case (let k, _?) where Self.passthroughValued.contains(k): passthrough.append(raw)
             default:
-                throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: passfile=, extpass=, keyfile=, ro, allow_other, default_permissions, debug, auto_unmount, nonempty, plain_symlinks, writeback_cache, noatime, nodev, nosuid, noexec, ...)", code: 64)
+                throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: passfile=, extpass=, keyfile=, ro, allow_other, default_permissions, debug, auto_unmount, nonempty, plain_symlinks, writeback_cache, allow_rollback, noatime, nodev, nosuid, noexec, ...)", code: 64)
             }
         }
     }

@@ -366,3 +366,42 @@ struct MountTests {
         #expect(w.stderr.contains("Read-only"), "\(w)")
     }
 }
+
+/// Rollback: a store replaced by an older copy of itself is refused at mount (issue "Integrity").
+@Suite("Rollback detection") struct RollbackTests {
+    @Test func olderStoreIsRefusedUnlessAllowed() throws {
+        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        let sb = try Sandbox("rollback")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/old.txt", "old")
+        try #require(sb.unmount().ok)
+        // An attacker's copy of the store as it is now...
+        let saved = sb.root + "/saved"
+        try #require(mkdir(saved, 0o700) == 0)
+        for f in ["store.db", "store.db-wal", "store.db-shm"] where FileManager.default.fileExists(atPath: sb.container + "/" + f) {
+            try FileManager.default.copyItem(atPath: sb.container + "/" + f, toPath: saved + "/" + f)
+        }
+        // ...the user goes on working...
+        try #require(sb.mount().ok)
+        try E2E.write(sb.mnt + "/new.txt", "new")
+        try #require(sb.unmount().ok)
+        // ...and the old copy is put back.
+        for f in ["store.db", "store.db-wal", "store.db-shm"] {
+            unlink(sb.container + "/" + f)
+            if FileManager.default.fileExists(atPath: saved + "/" + f) { try FileManager.default.copyItem(atPath: saved + "/" + f, toPath: sb.container + "/" + f) }
+        }
+        let refused = sb.mount()
+        #expect(refused.status == 18, "rollback must be refused with its own status: \(refused)")
+        #expect(refused.stderr.contains("older"), "\(refused)")
+        #expect(!E2E.isMounted(sb.mnt), "nothing may stay mounted")
+        let accepted = sb.mount(options: "allow_rollback")
+        #expect(accepted.ok, "\(accepted)")
+        #expect(E2E.readText(sb.mnt + "/old.txt") == "old")
+        #expect(E2E.readText(sb.mnt + "/new.txt") == nil, "the rolled-back store does not have the newer file")
+        #expect(sb.unmount().ok)
+        // Accepted once, it is the newest seen: mounts normally again.
+        let again = sb.mount()
+        #expect(again.ok, "\(again)")
+    }
+}
