@@ -108,6 +108,14 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     func checkWritable() throws(FSError) { if options.readOnly { throw .readOnly } }
 
+    /// Runs a namespace operation under `meta`, with all its store calls in one visit to the
+    /// writer connection (a queue hop per operation instead of one per store call).
+    func locked<T>(_ body: () throws(FSError) -> T) throws(FSError) -> T {
+        try meta.withLock { () throws(FSError) -> T in
+            do { return try store.batch { () throws(FSError) -> T in try body() } } catch { throw fsError(error) }
+        }
+    }
+
     // MARK: Inode table (call under meta)
 
     func state(_ ino: InodeNumber) throws(FSError) -> InodeState {

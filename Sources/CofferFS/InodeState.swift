@@ -1,5 +1,6 @@
 import CofferCrypto
 import CofferStore
+import Glibc
 
 /// What the filesystem keeps in memory about an inode the kernel knows: its decoded record (the
 /// authority while mounted; written back lazily), the kernel's lookup count and open handles.
@@ -34,5 +35,3 @@ final class InodeState: @unchecked Sendable {
         return c
     }
 }
-
-import Glibc

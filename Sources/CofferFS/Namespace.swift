@@ -5,7 +5,7 @@ import Glibc
 extension CofferFileSystem {
     public func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes {
         guard name.count <= DirectoryEntryRecord.maxNameLength else { throw .nameTooLong }
-        return try meta.withLock { () throws(FSError) -> Attributes in
+        return try locked { () throws(FSError) -> Attributes in
             _ = try directory(parent)
             let child = try entryState(parent: parent, name: name)
             child.lookups += 1
@@ -119,7 +119,7 @@ extension CofferFileSystem {
     public func link(_ ino: InodeNumber, newParent: InodeNumber, newName: [UInt8]) throws(FSError) -> Attributes {
         try checkWritable()
         try Self.validate(name: newName)
-        return try meta.withLock { () throws(FSError) -> Attributes in
+        return try locked { () throws(FSError) -> Attributes in
             let s = try state(ino)
             guard !s.isDirectory else { throw .permission }
             guard s.record.nlink > 0, !s.deleted else { throw .notFound }
@@ -138,7 +138,7 @@ extension CofferFileSystem {
 
     public func unlink(parent: InodeNumber, name: [UInt8]) throws(FSError) {
         try checkWritable()
-        try meta.withLock { () throws(FSError) in
+        try locked { () throws(FSError) in
             let dir = try directory(parent)
             let s = try entryState(parent: parent, name: name)
             guard !s.isDirectory else { throw .isDirectory }
@@ -167,7 +167,7 @@ extension CofferFileSystem {
 
     public func rmdir(parent: InodeNumber, name: [UInt8]) throws(FSError) {
         try checkWritable()
-        try meta.withLock { () throws(FSError) in
+        try locked { () throws(FSError) in
             let dir = try directory(parent)
             let s = try entryState(parent: parent, name: name)
             guard s.isDirectory else { throw .notDirectory }
@@ -191,7 +191,7 @@ extension CofferFileSystem {
         try checkWritable()
         try Self.validate(name: newName)
         guard flags.isSubset(of: [.noReplace, .exchange]), flags != [.noReplace, .exchange] else { throw .invalid }
-        try meta.withLock { () throws(FSError) in
+        try locked { () throws(FSError) in
             let fromDir = try directory(parent)
             let toDir = try directory(newParent)
             let source = try entryState(parent: parent, name: name)
@@ -246,7 +246,7 @@ extension CofferFileSystem {
     // MARK: Directories
 
     public func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID {
-        try meta.withLock { () throws(FSError) -> HandleID in
+        try locked { () throws(FSError) -> HandleID in
             _ = try directory(ino)
             let list: [DirectoryEntryRecord]
             do {
@@ -259,7 +259,7 @@ extension CofferFileSystem {
     }
 
     public func readdir(_ ino: InodeNumber, handle: HandleID, offset: Int64, limit: Int, plus: Bool) throws(FSError) -> [DirectoryEntry] {
-        try meta.withLock { () throws(FSError) -> [DirectoryEntry] in
+        try locked { () throws(FSError) -> [DirectoryEntry] in
             guard let list = directories[handle] else { throw .badHandle }
             var out: [DirectoryEntry] = []
             var index = max(0, Int(offset))
