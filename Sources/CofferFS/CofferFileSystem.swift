@@ -22,7 +22,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         /// A group commit happens at the latest this long after the first uncommitted change.
         public var commitInterval: Duration = .seconds(1)
         /// ... or once this many bytes are waiting.
-        public var commitVolume = 32 << 20
+        public var commitVolume = 16 << 20
         public init() {}
     }
 
@@ -71,7 +71,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         let thread = Thread { [weak self] in
             while let fs = self, !fs.meta.withLock({ fs.stopped }) {
                 Thread.sleep(forTimeInterval: 0.2)
-                fs.commitIfDue()
+                do { try fs.commitIfDue() } catch { fs.logger.error("group commit failed: \(error)") }
             }
         }
         thread.name = "coffer-commit"
@@ -135,13 +135,23 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         return s
     }
 
-    /// The store dropped uncommitted work (disk full): reread what is cached.
-    private func reloadAfterRollback() {
+    /// The store dropped the open group transaction (the disk filled up): everything since the last
+    /// commit is gone. Reread the cached records, and remember the error for every file that was
+    /// open or changed, so its next fsync reports it (as a kernel filesystem reports failed
+    /// write-back). What was committed before is untouched.
+    private func reloadAfterRollback(_ error: FSError = .noSpace) {
         rolledBack = false
-        logger.warning("uncommitted changes were rolled back by the store; reloading")
+        logger.error("the store dropped uncommitted changes (\(error)); writes since the last commit are lost and fsync reports it")
         for (ino, s) in inodes {
-            if let r = try? store.inode(ino) { s.record = r; s.dirty = false; s.deleted = false }
-            else if s.lookups == 0 && s.opens == 0 { inodes[ino] = nil }
+            if s.dirty || s.opens > 0 { s.writeError = error }
+            if let r = try? store.inode(ino) {
+                s.record = r; s.dirty = false; s.deleted = false
+            } else if s.lookups == 0 && s.opens == 0 {
+                inodes[ino] = nil
+            } else {
+                // Created inside the lost transaction: it no longer exists.
+                s.deleted = true; s.dirty = false; s.record.nlink = 0
+            }
         }
     }
 
@@ -197,22 +207,23 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     /// Writes every changed record and makes it durable in one commit.
     public func commit() throws(FSError) {
-        try meta.withLock { () throws(FSError) in
-            for s in inodes.values where s.dirty { try persist(s) }
-            do { try store.commit() } catch { throw fsError(error) }
-        }
+        try meta.withLock { () throws(FSError) in try commitLocked() }
     }
 
     /// Commits (changed records first) once the open transaction is old or large enough.
-    func commitIfDue() {
+    func commitIfDue() throws(FSError) {
         guard !options.readOnly, store.isCommitDue(age: options.commitInterval, volume: options.commitVolume) else { return }
-        meta.withLock {
-            do {
-                for s in inodes.values where s.dirty { try persist(s) }
-                try store.commit()
-            } catch {
-                logger.error("group commit failed: \(error)")
-            }
+        try meta.withLock { () throws(FSError) in try commitLocked() }
+    }
+
+    private func commitLocked() throws(FSError) {
+        do {
+            for s in inodes.values where s.dirty { try persist(s) }
+            try store.commit()
+        } catch {
+            let e = fsError(error)
+            if rolledBack { reloadAfterRollback(e) }
+            throw e
         }
     }
 

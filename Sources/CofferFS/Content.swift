@@ -53,6 +53,9 @@ extension CofferFileSystem {
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
         guard !options.readOnly else { return }
         try commit()
+        try meta.withLock { () throws(FSError) in
+            if let s = inodes[ino], let e = s.writeError { s.writeError = nil; throw e }
+        }
     }
 
     // MARK: Reading
@@ -132,7 +135,7 @@ extension CofferFileSystem {
                 s.dirty = true
             }
         }
-        commitIfDue()
+        try commitIfDue()
         return data.count
     }
 

@@ -4,13 +4,16 @@ import GRDB
 /// Folds the WAL back into the database file on a dedicated connection and thread.
 ///
 /// Policy (docs/MEASUREMENTS.md): checkpoint once the writer has been quiet for `idle`, or at once
-/// when the WAL outgrows `limit`. A streaming write then costs one write of its data (into the
+/// when the WAL outgrows `limit` or a quarter of the disk's free space (a checkpoint needs room
+/// for the database file to take in what the WAL holds, so a filling disk makes it eager), or when
+/// the store hit a full disk. A streaming write then costs one write of its data (into the
 /// WAL) while it runs; the copy into the database file happens when the disk is free. SQLite lets a
 /// passive checkpoint run beside the writer, so even a forced one does not stall commits.
 final class Checkpointer: @unchecked Sendable {
     private let condition = NSCondition()
     private var lastActivity = ContinuousClock.now
     private var pendingFrames = false
+    private var urgent = false
     private var stopping = false
     private var finished = false
     private let queue: DatabaseQueue?
@@ -35,6 +38,12 @@ final class Checkpointer: @unchecked Sendable {
         condition.lock(); pendingFrames = true; lastActivity = .now; condition.signal(); condition.unlock()
     }
 
+    /// Checkpoint now (the disk filled up): committed frames move into the database file, and the
+    /// WAL can start over in the space it already has.
+    func checkpointSoon() {
+        condition.lock(); pendingFrames = true; urgent = true; condition.signal(); condition.unlock()
+    }
+
     /// Waits for a running checkpoint to end; the thread exits.
     func stop() {
         condition.lock()
@@ -50,14 +59,20 @@ final class Checkpointer: @unchecked Sendable {
         return stat(walPath, &st) == 0 ? Int64(st.st_size) : 0
     }
 
+    private func freeSpace() -> Int64 {
+        var st = statvfs()
+        return statvfs(walPath, &st) == 0 ? Int64(st.f_bavail) * Int64(st.f_frsize) : Int64.max
+    }
+
     private func run() {
         while true {
             condition.lock()
             while !pendingFrames && !stopping { condition.wait() }
             if stopping { finished = true; condition.broadcast(); condition.unlock(); return }
             let quietFor = ContinuousClock.now - lastActivity
-            let due = quietFor >= idle || walSize() >= limit
-            if due { pendingFrames = false }
+            let wal = walSize()
+            let due = urgent || quietFor >= idle || wal >= limit || wal >= freeSpace() / 4
+            if due { pendingFrames = false; urgent = false }
             condition.unlock()
             if due {
                 _ = try? queue?.writeWithoutTransaction { try $0.checkpoint(.passive) }

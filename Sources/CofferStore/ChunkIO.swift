@@ -84,7 +84,7 @@ final class ChunkReaders: @unchecked Sendable {
             throw StoreError.database("cannot open a reader: SQLite error \(rc)")
         }
         sqlite3_busy_timeout(db, 10_000)
-        sqlite3_exec(db, "PRAGMA mmap_size = 268435456", nil, nil, nil)
+        sqlite3_exec(db, "PRAGMA mmap_size = 67108864", nil, nil, nil)
         var stmt: OpaquePointer?
         guard sqlite3_prepare_v3(db, Self.selectRange, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil) == SQLITE_OK, let stmt else {
             sqlite3_close_v2(db)

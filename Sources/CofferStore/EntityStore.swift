@@ -1,5 +1,6 @@
 import CofferCrypto
 import Foundation
+import Glibc
 import GRDB
 import GRDBSQLite
 import Synchronization
@@ -62,7 +63,7 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     /// The writer's page cache: a little more than the group-commit volume.
-    static let writerCacheKiB = 40 * 1024
+    static let writerCacheKiB = 20 * 1024
 
     /// Page size for a new store: large enough that a content chunk spans few pages.
     static func pageSize(forChunkSize chunkSize: Int) -> Int { chunkSize >= 16384 ? 16384 : 4096 }
@@ -76,6 +77,9 @@ public final class EntityStore: @unchecked Sendable {
             // instead of being spilled and rewritten (docs/MEASUREMENTS.md).
             try db.execute(sql: "PRAGMA cache_size = -\(writerCacheKiB)")
             try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
+            // Debian builds SQLite with SECURE_DELETE: freed pages would be rewritten with zeros,
+            // i.e. a deleted file costs as much WAL as writing it. Everything in them is sealed.
+            try db.execute(sql: "PRAGMA secure_delete = OFF")
             try db.execute(sql: "PRAGMA journal_size_limit = \(64 << 20)")
         }
     }
@@ -125,6 +129,7 @@ public final class EntityStore: @unchecked Sendable {
         if !readOnly {
             do { try configureWriter(pool) } catch { throw .database("\(error)") }
             store.checkpointer = Checkpointer(path: path)
+            store.reserve = SpaceReserve(directory: (path as NSString).deletingLastPathComponent)
         }
         return store
     }
@@ -169,6 +174,8 @@ public final class EntityStore: @unchecked Sendable {
     /// Copies committed WAL frames into the database file on its own connection and thread, so the
     /// writer never waits for a checkpoint.
     private var checkpointer: Checkpointer?
+    /// Space set aside for recovering from a full disk.
+    private var reserve: SpaceReserve?
 
     /// The commit generation: grows by one with every commit.
     public var generation: UInt64 { pending.withLock { $0.generation } }
@@ -234,8 +241,11 @@ public final class EntityStore: @unchecked Sendable {
                     throw error
                 }
             }
-        } catch let e as StoreError { throw e } catch let e as DatabaseError {
-            if e.resultCode == .SQLITE_FULL { throw .diskFull }
+        } catch let e as StoreError {
+            if e == .diskFull { reserve?.release() }
+            throw e
+        } catch let e as DatabaseError {
+            if e.resultCode == .SQLITE_FULL { reserve?.release(); throw .diskFull }
             if e.resultCode == .SQLITE_READONLY { throw .readOnly }
             throw .database(e.message ?? "\(e.resultCode)")
         } catch { throw .database("\(error)") }
@@ -243,6 +253,7 @@ public final class EntityStore: @unchecked Sendable {
 
     private func droppedTransaction() {
         pending.withLock { p in p.since = nil; p.changes = 0; p.bytes = 0; p.dirtyFiles.removeAll() }
+        checkpointer?.checkpointSoon()
         onRollback?()
     }
 
@@ -265,17 +276,38 @@ public final class EntityStore: @unchecked Sendable {
             pending.withLock { p in
                 p.generation = next; p.since = nil; p.changes = 0; p.bytes = 0; p.dirtyFiles.removeAll()
             }
+            if isLowOnSpace() { _ = try? db.checkpoint(.passive) }
+            if let reserve, !reserve.isHeld, freeSpace() > 64 << 20 { reserve.take() }
         }
         checkpointer?.committed()
         if let onCommit { onCommit(generation) }
     }
 
-    /// True when the open transaction is older than `age` or holds more than `volume` bytes.
+    /// True when the open transaction is older than `age` or holds more than `volume` bytes, or
+    /// more than an eighth of the disk's free space (a filling disk commits in smaller groups).
     public func isCommitDue(age: Duration = .seconds(1), volume: Int = 64 << 20) -> Bool {
-        pending.withLock { p -> Bool in
-            guard let since = p.since else { return false }
-            return p.bytes >= volume || ContinuousClock.now - since >= age
-        }
+        let (since, bytes) = pending.withLock { ($0.since, $0.bytes) }
+        guard let since else { return false }
+        if bytes >= volume || ContinuousClock.now - since >= age { return true }
+        return bytes >= 1 << 20 && Int64(bytes) >= freeSpace() / 8
+    }
+
+    /// Bytes available to us on the container's disk.
+    func freeSpace() -> Int64 {
+        var st = statvfs()
+        return statvfs(path, &st) == 0 ? Int64(st.f_bavail) * Int64(st.f_frsize) : Int64.max
+    }
+
+    func walSize() -> Int64 {
+        var st = stat()
+        return stat(path + "-wal", &st) == 0 ? Int64(st.st_size) : 0
+    }
+
+    /// A checkpoint needs room for the database file to take in what the WAL holds. When the disk
+    /// runs low, fold the WAL in right after each commit, so the WAL never holds more than the disk
+    /// can absorb and a full disk stays recoverable by deleting files.
+    private func isLowOnSpace() -> Bool {
+        freeSpace() < 4 * walSize() + (64 << 20)
     }
 
     public var hasPendingChanges: Bool { pending.withLock { $0.since != nil } }

@@ -405,3 +405,41 @@ struct MountTests {
         #expect(again.ok, "\(again)")
     }
 }
+
+/// A full disk: ENOSPC to the writer, the daemon keeps running, synced data survives, and writing
+/// works again once space is freed.
+@Suite("Full disk") struct FullDiskTests {
+    @Test func enospcLosesNothingSynced() throws {
+        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        let sb = try Sandbox("enospc")
+        defer { sb.cleanup() }
+        let disk = sb.root + "/disk"
+        try #require(mkdir(disk, 0o700) == 0)
+        let tmpfs = E2E.sh("mount -t tmpfs -o size=24m tmpfs '\(disk)'")
+        try #require(tmpfs.ok, "\(tmpfs)")
+        defer { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") }
+        let container = disk + "/c"
+        try #require(sb.initContainer(container: container).ok)
+        let m = sb.mount(container: container)
+        try #require(m.ok, "\(m)")
+        defer { _ = sb.unmount() }
+        let keep = E2E.randomBytes(3_000_000)
+        try E2E.write(sb.mnt + "/keep.bin", keep)
+        #expect(E2E.sh("sync '\(sb.mnt)/keep.bin'").ok)
+        let fill = E2E.sh("dd if=/dev/zero of='\(sb.mnt)/fill' bs=1M count=100 conv=fsync")
+        #expect(!fill.ok, "writing 100 MiB onto a 24 MiB disk must fail: \(fill)")
+        #expect(fill.stderr.contains("No space left"), "the writer is told ENOSPC: \(fill)")
+        let pid = E2E.daemonPid(container: container)
+        #expect(pid.map(E2E.isAlive) == true, "the daemon keeps running")
+        #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact")
+        _ = E2E.sh("rm -f '\(sb.mnt)/fill'")
+        let again = E2E.sh("dd if=/dev/urandom of='\(sb.mnt)/after' bs=64k count=16 conv=fsync")
+        #expect(again.ok, "writing works again after deleting: \(again)")
+        let u = sb.unmount()
+        #expect(u.ok, "\(u)")
+        let r = sb.mount(container: container)
+        #expect(r.ok, "\(r)")
+        #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact after a remount")
+        #expect(E2E.read(sb.mnt + "/after")?.count == 1 << 20)
+    }
+}
