@@ -18,8 +18,9 @@ final class InodeState: @unchecked Sendable {
     var writeError: FSError?
     /// Unlinked while open: listed in the store's orphans until its last close.
     var orphaned = false
-    /// Serializes content changes; reads share it.
-    let content = ReadWriteLock()
+    /// Serializes content changes; reads share it. Striped (one of a fixed set by inode number)
+    /// rather than one per inode: 100,000 known inodes must not mean 100,000 locks.
+    var content: ReadWriteLock { ContentLocks.lock(for: ino) }
     private var cachedCipher: AESGCM?
 
     init(ino: InodeNumber, record: InodeRecord) { self.ino = ino; self.record = record }

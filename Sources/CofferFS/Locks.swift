@@ -25,3 +25,22 @@ final class Lock: @unchecked Sendable {
         return try body()
     }
 }
+
+/// A fixed set of content locks shared by all inodes. Only one content lock is ever held at a time,
+/// so two inodes sharing a stripe can wait for each other but never deadlock.
+enum ContentLocks {
+    static let stripes: [ReadWriteLock] = (0 ..< 256).map { _ in ReadWriteLock() }
+    static func lock(for ino: UInt64) -> ReadWriteLock {
+        stripes[Int(truncatingIfNeeded: (ino ^ (ino >> 17)) & 255)]
+    }
+}
+
+/// glibc's malloc_trim (not exported to Swift), looked up once.
+enum MemoryTrim {
+    private typealias Trim = @convention(c) (Int) -> Int32
+    private static let function: Trim? = {
+        guard let handle = dlopen(nil, RTLD_NOW), let symbol = dlsym(handle, "malloc_trim") else { return nil }
+        return unsafeBitCast(symbol, to: Trim.self)
+    }()
+    static func trim() { _ = function?(0) }
+}
