@@ -1,7 +1,8 @@
 # Coffer: build, demo, test, bench. Needs a Swift 6 toolchain on PATH (swift.org; /opt/swift here).
 PREFIX ?= /usr/local
 DESTDIR ?=
-SWIFT ?= swift
+# The toolchain on PATH, else the one this machine kind ships in /opt/swift.
+SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
 RUNTIME_DEBS = fuse3 libfuse3-dev libssl-dev libargon2-dev libsqlite3-dev pkg-config
 TEST_DEBS = attr rsync sqlite3 git python3 util-linux
 BENCH_DEBS = gocryptfs fio python3
