@@ -17,12 +17,32 @@ extension CofferFileSystem {
         }
         if flags & O_TRUNC != 0 && s.isRegular {
             do { try truncate(s, to: 0) } catch { meta.withLock { s.opens -= 1 }; throw error }
+        } else if s.isRegular {
+            do { try verifyChunkCount(s) } catch { meta.withLock { s.opens -= 1 }; throw error }
         }
         return meta.withLock {
             let h = newHandle()
             files[h] = OpenFile(ino: ino, flags: flags)
             // The kernel's page cache stays valid across opens: every change goes through us.
             return OpenResult(handle: h, keepCache: true)
+        }
+    }
+
+    /// Chunk rows deleted from the container (a file cut at a chunk boundary, a deleted chunk) leave
+    /// fewer rows than the sealed inode counts: refuse the file with EIO rather than serve zeros.
+    /// (More rows than counted is normal for a moment: chunks are stored before the count grows.)
+    func verifyChunkCount(_ s: InodeState) throws(FSError) {
+        try s.content.withReadLock { () throws(FSError) in
+            try meta.withLock { () throws(FSError) in
+                guard !s.contentVerified, !s.deleted else { return }
+                let stored: UInt64
+                do { stored = try store.storedChunkCount(file: s.record.contentId) } catch { throw fsError(error) }
+                guard stored >= s.record.chunkCount else {
+                    logger.error("damaged file: inode \(s.ino) has \(stored) of its \(s.record.chunkCount) content chunks; the others were deleted from the container")
+                    throw .io
+                }
+                s.contentVerified = true
+            }
         }
     }
 

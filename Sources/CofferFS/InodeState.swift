@@ -14,6 +14,8 @@ final class InodeState: @unchecked Sendable {
     var dirty = false
     /// The inode row was deleted (nlink 0, nothing open); kept only for the kernel's last references.
     var deleted = false
+    /// The stored chunks were counted against the sealed chunk count since this inode was loaded.
+    var contentVerified = false
     /// Changes to this file were lost when the store rolled back (disk full): the next fsync says so.
     var writeError: FSError?
     /// Unlinked while open: listed in the store's orphans until its last close.

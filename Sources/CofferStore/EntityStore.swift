@@ -500,6 +500,13 @@ public final class EntityStore: @unchecked Sendable {
         }
     }
 
+    /// How many chunks of a file are stored (the index alone).
+    public func storedChunkCount(file: UInt64) throws(StoreError) -> UInt64 {
+        try writer { db in
+            UInt64(try Int.fetchOne(db.cachedStatement(sql: "SELECT count(*) FROM chunks WHERE file = ?"), arguments: [Int64(bitPattern: file)]) ?? 0)
+        }
+    }
+
     public func chunkIndices(file: UInt64) throws(StoreError) -> [UInt64] {
         try writer { db in
             try Int64.fetchAll(db.cachedStatement(sql: "SELECT idx FROM chunks WHERE file = ? ORDER BY idx"), arguments: [Int64(bitPattern: file)])

@@ -443,3 +443,29 @@ struct MountTests {
         #expect(E2E.read(sb.mnt + "/after")?.count == 1 << 20)
     }
 }
+
+/// Chunk rows deleted from an unmounted container: the file reads as EIO, never as zeros; the
+/// other files stay readable (issue "Integrity", the part the sealed chunk count covers).
+@Suite("Deleted chunks") struct DeletedChunkTests {
+    @Test(arguments: ["idx = 1", "idx = (SELECT max(idx) FROM chunks c2 WHERE c2.file = chunks.file)"])
+    func deletedChunkIsEIO(which: String) throws {
+        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        guard E2E.which("sqlite3") != nil else { print("skipped: sqlite3 missing"); return }
+        let sb = try Sandbox("chunkdel")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let big = E2E.randomBytes(200_000)      // 7 chunks of 32 KiB
+        let small = E2E.randomBytes(1000)       // 1 chunk
+        try E2E.write(sb.mnt + "/big.bin", big)
+        try E2E.write(sb.mnt + "/small.bin", small)
+        try #require(sb.unmount().ok)
+        let sql = "DELETE FROM chunks WHERE file IN (SELECT file FROM chunks GROUP BY file HAVING count(*) = 7) AND \(which);"
+        let edit = E2E.sh("sqlite3 '\(sb.container)/store.db' \"\(sql)\" && sqlite3 '\(sb.container)/store.db' 'SELECT changes();'")
+        try #require(edit.ok, "\(edit)")
+        try #require(sb.mount().ok)
+        let read = E2E.sh("cat '\(sb.mnt)/big.bin' > /dev/null")
+        #expect(!read.ok, "a file with a deleted chunk must not read: \(read)")
+        #expect(read.stderr.contains("Input/output error"), "\(read)")
+        #expect(E2E.read(sb.mnt + "/small.bin") == small, "the other files stay readable")
+    }
+}
