@@ -76,6 +76,13 @@ final class ChunkReaders: @unchecked Sendable {
         return try body(connection)
     }
 
+    /// Closes the idle connections (at store close).
+    func closeAll() {
+        pthread_mutex_lock(&lock)
+        idle.removeAll()
+        pthread_mutex_unlock(&lock)
+    }
+
     private func open() throws -> Connection {
         var db: OpaquePointer?
         let rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nil)

@@ -30,7 +30,8 @@ public final class EntityStore: @unchecked Sendable {
     /// Called after every durable commit with the new generation (the rollback ledger listens).
     public var onCommit: (@Sendable (UInt64) -> Void)?
 
-    /// Writer-side state; only touched inside `writer { }`.
+    /// The open group transaction: its age and volume (when to commit), the files it changed (whose
+    /// content must be read through the writer), and the generation of the last commit.
     private struct Pending {
         var generation: UInt64 = 0
         var changes = 0
@@ -167,6 +168,7 @@ public final class EntityStore: @unchecked Sendable {
         try? commit()
         checkpointer?.stop()
         checkpointer = nil
+        readers.closeAll()
         if !readOnly { try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) } }
         try? pool.close()
     }
