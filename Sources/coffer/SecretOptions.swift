@@ -99,7 +99,10 @@ enum SecretReader {
         let buffer = SecureBytes(count: maxLength)
         var length = 0
         while length < maxLength {
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + length, maxLength - length) }
+            let n = buffer.withUnsafeMutableBytes { b -> Int in
+                guard let base = b.baseAddress else { return -1 }
+                return read(fd, base + length, maxLength - length)
+            }
             if n < 0 { if errno == EINTR { continue }; throw fail("cannot read \(what)") }
             if n == 0 { break }
             length += n
