@@ -53,11 +53,6 @@ final class ContextPool: Sendable {
         return result
     }
 
-    /// Creates one context now so that configuration errors surface at construction.
-    func prewarm() throws {
-        try withContext { _ in }
-    }
-
     deinit {
         let all = idle.withLock { list -> [ContextHandle] in
             let taken = list

@@ -12,7 +12,6 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case database(String)
     case diskFull
     case readOnly
-    case rolledBack
 
     public var description: String {
         switch self {
@@ -26,7 +25,6 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .database(let why): return "store database error: \(why)"
         case .diskFull: return "no space left on the container's disk"
         case .readOnly: return "the store is open read-only"
-        case .rolledBack: return "the store transaction was rolled back"
         }
     }
 }
