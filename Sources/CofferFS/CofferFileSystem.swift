@@ -144,6 +144,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         logger.error("the store dropped uncommitted changes (\(error)); writes since the last commit are lost and fsync reports it")
         for (ino, s) in inodes {
             if s.dirty || s.opens > 0 { s.writeError = error }
+            s.dropChunkMap()
             if let r = try? store.inode(ino) {
                 s.record = r; s.dirty = false; s.deleted = false
             } else if s.lookups == 0 && s.opens == 0 {
@@ -158,7 +159,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Writes a changed record now (inside the open group transaction).
     func persist(_ s: InodeState) throws(FSError) {
         guard !s.deleted else { return }
-        do { try store.putInode(s.ino, s.record) } catch { throw fsError(error) }
+        do {
+            try s.flushChunkMap(store)
+            try store.putInode(s.ino, s.record)
+        } catch { throw fsError(error) }
         s.dirty = false
     }
 
@@ -177,7 +181,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Removes an inode and everything it owns from the store.
     func destroy(_ s: InodeState) throws(FSError) {
         do {
-            if s.record.contentId != 0 && (s.isRegular) { try store.deleteChunks(file: s.record.contentId) }
+            if s.record.contentId != 0 && s.isRegular {
+                try store.deleteChunks(file: s.record.contentId)
+                try store.deleteChunkMapPages(file: s.record.contentId)
+            }
             try store.deleteXattrs(s.ino)
             try store.deleteInode(s.ino)
             if s.orphaned { try store.removeOrphan(s.ino); s.orphaned = false }

@@ -17,32 +17,12 @@ extension CofferFileSystem {
         }
         if flags & O_TRUNC != 0 && s.isRegular {
             do { try truncate(s, to: 0) } catch { meta.withLock { s.opens -= 1 }; throw error }
-        } else if s.isRegular {
-            do { try verifyChunkCount(s) } catch { meta.withLock { s.opens -= 1 }; throw error }
         }
         return meta.withLock {
             let h = newHandle()
             files[h] = OpenFile(ino: ino, flags: flags)
             // The kernel's page cache stays valid across opens: every change goes through us.
             return OpenResult(handle: h, keepCache: true)
-        }
-    }
-
-    /// Chunk rows deleted from the container (a file cut at a chunk boundary, a deleted chunk) leave
-    /// fewer rows than the sealed inode counts: refuse the file with EIO rather than serve zeros.
-    /// (More rows than counted is normal for a moment: chunks are stored before the count grows.)
-    func verifyChunkCount(_ s: InodeState) throws(FSError) {
-        try s.content.withReadLock { () throws(FSError) in
-            try meta.withLock { () throws(FSError) in
-                guard !s.contentVerified, !s.deleted else { return }
-                let stored: UInt64
-                do { stored = try store.storedChunkCount(file: s.record.contentId) } catch { throw fsError(error) }
-                guard stored >= s.record.chunkCount else {
-                    logger.error("damaged file: inode \(s.ino) has \(stored) of its \(s.record.chunkCount) content chunks; the others were deleted from the container")
-                    throw .io
-                }
-                s.contentVerified = true
-            }
         }
     }
 
@@ -86,35 +66,66 @@ extension CofferFileSystem {
             return try state(ino)
         }
         return try s.content.withReadLock { () throws(FSError) -> [UInt8] in
-            let (fileSize, contentId, cipher) = try meta.withLock { () throws(FSError) in
-                (s.record.size, s.record.contentId, try s.cipher(keys))
+            let (content, count) = try meta.withLock { () throws(FSError) -> (FileContent?, Int) in
+                guard offset < s.record.size, size > 0 else { return (nil, 0) }
+                let count = Int(min(UInt64(size), s.record.size - offset))
+                return (try fileContent(s, offset: offset, count: count), count)
             }
-            guard offset < fileSize, size > 0 else { return [] }
-            let count = Int(min(UInt64(size), fileSize - offset))
-            return try readRange(contentId: contentId, cipher: cipher, offset: offset, count: count)
+            guard let content else { return [] }
+            return try readRange(content, offset: offset, count: count)
         }
     }
 
-    /// Bytes [offset, offset+count) of a file's content; missing chunks read as zeros. Chunks are
-    /// opened straight from the store's buffer into the reply (or a scratch chunk at the edges).
-    func readRange(contentId: UInt64, cipher: AESGCM, offset: UInt64, count: Int) throws(FSError) -> [UInt8] {
+    /// What reading a range of a file needs: its content id, key, and the chunk map's tags for the
+    /// chunks the range touches. Call under `meta` (and the content lock).
+    struct FileContent {
+        let ino: InodeNumber
+        let id: UInt64
+        let cipher: AESGCM
+        let first: UInt64
+        let tags: [ChunkTag]
+    }
+
+    func fileContent(_ s: InodeState, offset: UInt64, count: Int) throws(FSError) -> FileContent {
+        let cs = UInt64(chunkSize)
+        let first = offset / cs, last = (offset + UInt64(max(count, 1)) - 1) / cs
+        let cipher = try s.cipher(keys)
+        do {
+            return FileContent(ino: s.ino, id: s.record.contentId, cipher: cipher, first: first,
+                               tags: try s.chunkMap.tags(first, last, store: store))
+        } catch { throw fsError(error, "inode \(s.ino)") }
+    }
+
+    /// Bytes [offset, offset+count) of a file's content, every chunk checked against the file's
+    /// chunk map: a hole reads as zeros, a stored chunk must be the one the map names (its tag) and
+    /// open under the file key. A missing, extra or older chunk is EIO. Chunks are opened straight
+    /// from the store's buffer into the reply (or a scratch chunk at the edges).
+    func readRange(_ c: FileContent, offset: UInt64, count: Int) throws(FSError) -> [UInt8] {
         let cs = UInt64(chunkSize)
         let end = offset + UInt64(count)
         let first = offset / cs, last = (end - 1) / cs
         var output = [UInt8](repeating: 0, count: count)
         var scratch: [UInt8] = []
+        var seen = 0
         let store = self.store
         do {
             try output.withUnsafeMutableBytes { out in
-                try store.forEachChunk(file: contentId, first: first, last: last) { index, sealed in
+                try store.forEachChunk(file: c.id, first: first, last: last) { index, sealed in
+                    let expected = index >= c.first && index - c.first < UInt64(c.tags.count) ? c.tags[Int(index - c.first)] : .hole
+                    guard !expected.isHole, ChunkTag(sealed: sealed) == expected else {
+                        throw StoreError.authenticationFailed(kind: .contentChunk, entity: expected.isHole
+                            ? "chunk \(index) is stored where the file has a hole"
+                            : "chunk \(index) is not the one the file's chunk map names (an older or foreign copy)")
+                    }
+                    seen += 1
                     let start = index * cs
                     if start >= offset && start + cs <= end {
                         let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(start - offset) ..< Int(start - offset + cs)])
-                        _ = try store.openChunk(sealed, file: contentId, index: index, cipher: cipher, into: dst)
+                        _ = try store.openChunk(sealed, file: c.id, index: index, cipher: c.cipher, into: dst)
                         return
                     }
                     if scratch.isEmpty { scratch = [UInt8](repeating: 0, count: Int(cs)) }
-                    let n = try scratch.withUnsafeMutableBytes { try store.openChunk(sealed, file: contentId, index: index, cipher: cipher, into: $0) }
+                    let n = try scratch.withUnsafeMutableBytes { try store.openChunk(sealed, file: c.id, index: index, cipher: c.cipher, into: $0) }
                     let from = max(offset, start), to = min(end, start + UInt64(n))
                     guard from < to else { return }
                     scratch.withUnsafeBytes { src in
@@ -123,7 +134,14 @@ extension CofferFileSystem {
                     }
                 }
             }
-        } catch { throw fsError(error, "content \(contentId)") }
+            let wanted = (first ... last).reduce(0) { n, i in
+                let k = i >= c.first && i - c.first < UInt64(c.tags.count) ? c.tags[Int(i - c.first)] : .hole
+                return k.isHole ? n : n + 1
+            }
+            if seen != wanted {
+                throw StoreError.authenticationFailed(kind: .contentChunk, entity: "\(wanted - seen) chunk(s) of the range were deleted from the container")
+            }
+        } catch { throw fsError(error, "inode \(c.ino), content \(c.id)") }
         return output
     }
 
@@ -138,17 +156,28 @@ extension CofferFileSystem {
         guard s.isRegular else { throw .invalid }
         guard !data.isEmpty else { return 0 }
         try s.content.withWriteLock { () throws(FSError) in
-            let (size, contentId, cipher) = try meta.withLock { () throws(FSError) in
-                (s.record.size, s.record.contentId, try s.cipher(keys))
+            let (start, oldSize, content) = try meta.withLock { () throws(FSError) -> (UInt64, UInt64, FileContent) in
+                let start = flags & O_APPEND != 0 ? s.record.size : offset
+                let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
+                guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
+                return (start, s.record.size, try fileContent(s, offset: start, count: data.count))
             }
-            let start = flags & O_APPEND != 0 ? size : offset
-            let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
-            guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
-            let added = try writeRange(contentId: contentId, cipher: cipher, oldSize: size, offset: start, data: data)
+            let sealed = try sealRange(content, oldSize: oldSize, offset: start, data: data)
+            // Rows, map and size change together under `meta`, so no group commit sees one without
+            // the others (a crash then leaves a file whose map names exactly its stored chunks).
             try meta.withLock { () throws(FSError) in
+                var added: UInt64 = 0
+                do {
+                    try store.putChunks(file: content.id, sealed)
+                    for c in sealed {
+                        guard let tag = ChunkTag(sealed: c.sealed) else { throw FSError.io }
+                        if content.tags[Int(c.index - content.first)].isHole { added += 1 }
+                        try s.chunkMap.set(c.index, tag, store: store)
+                    }
+                } catch { throw fsError(error, "inode \(s.ino)") }
                 let now = StoredTime.now()
                 s.record.chunkCount += added
-                s.record.size = max(s.record.size, end)
+                s.record.size = max(s.record.size, start + UInt64(data.count))
                 s.record.mtime = now; s.record.ctime = now
                 // Writing drops setuid/setgid, as local filesystems do.
                 if s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 { s.record.mode &= ~UInt32(S_ISUID | S_ISGID) }
@@ -159,25 +188,19 @@ extension CofferFileSystem {
         return data.count
     }
 
-    /// Seals and stores the chunks that [offset, offset+data.count) touches, merging partial chunks
-    /// with what they held. Call with the content lock held for writing. Returns how many of them
-    /// are new (were holes or past the end).
-    func writeRange(contentId: UInt64, cipher: AESGCM, oldSize: UInt64, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> UInt64 {
+    /// Seals the chunks that [offset, offset+data.count) touches, merging partial chunks with what
+    /// they held (read and checked through the map). Call with the content lock held for writing.
+    func sealRange(_ c: FileContent, oldSize: UInt64, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> [(index: UInt64, sealed: [UInt8])] {
         let cs = UInt64(chunkSize)
         let end = offset + UInt64(data.count)
         let first = offset / cs, last = (end - 1) / cs
-        // Appends need no look: every chunk past the old end is new.
-        var present = Set<UInt64>()
-        if first * cs < oldSize {
-            do { present = try store.chunkIndices(file: contentId, first: first, last: last) } catch { throw fsError(error) }
-        }
         // Only the first and last chunk can be partial; read those that hold data.
         var existing: [UInt64: [UInt8]] = [:]
         for index in Set([first, last]) {
             let start = index * cs
             let covered = offset <= start && end >= start + cs
-            if covered || start >= oldSize || !present.contains(index) { continue }
-            existing[index] = try readRange(contentId: contentId, cipher: cipher, offset: start, count: Int(min(cs, oldSize - start)))
+            if covered || start >= oldSize || c.tags[Int(index - c.first)].isHole { continue }
+            existing[index] = try readRange(c, offset: start, count: Int(min(cs, oldSize - start)))
         }
         var sealed: [(index: UInt64, sealed: [UInt8])] = []
         sealed.reserveCapacity(Int(last - first + 1))
@@ -188,7 +211,7 @@ extension CofferFileSystem {
             do {
                 if from == start && to == start + cs {
                     let slice = UnsafeRawBufferPointer(rebasing: data[srcOffset ..< srcOffset + Int(cs)])
-                    sealed.append((index, try store.sealChunk(slice, file: contentId, index: index, cipher: cipher)))
+                    sealed.append((index, try store.sealChunk(slice, file: c.id, index: index, cipher: c.cipher)))
                 } else {
                     var plain = existing[index] ?? []
                     let needed = Int(to - start)
@@ -197,12 +220,11 @@ extension CofferFileSystem {
                         let dst = UnsafeMutableRawBufferPointer(rebasing: p[Int(from - start) ..< Int(to - start)])
                         dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: data[srcOffset ..< srcOffset + Int(to - from)]))
                     }
-                    sealed.append((index, try plain.withUnsafeBytes { try store.sealChunk($0, file: contentId, index: index, cipher: cipher) }))
+                    sealed.append((index, try plain.withUnsafeBytes { try store.sealChunk($0, file: c.id, index: index, cipher: c.cipher) }))
                 }
             } catch { throw fsError(error) }
         }
-        do { try store.putChunks(file: contentId, sealed) } catch { throw fsError(error) }
-        return (last - first + 1) - UInt64(present.count)
+        return sealed
     }
 
     /// Sets the size: shrinking drops whole chunks past the end and trims the last one, so bytes
@@ -218,22 +240,25 @@ extension CofferFileSystem {
                 if newSize < old {
                     let cs = UInt64(chunkSize)
                     let keep = (newSize + cs - 1) / cs
-                    let cipher = try s.cipher(keys)
                     let tail = newSize % cs
                     let index = newSize / cs
-                    let tailStored: Bool
                     do {
                         let removed = try store.deleteChunks(file: s.record.contentId, from: keep)
                         s.record.chunkCount -= min(s.record.chunkCount, UInt64(removed))
-                        tailStored = try tail != 0 && !store.chunkIndices(file: s.record.contentId, first: index, last: index).isEmpty
-                    } catch { throw fsError(error) }
+                        try s.chunkMap.truncate(keep: keep, store: store)
+                    } catch { throw fsError(error, "inode \(s.ino)") }
                     // Trim the last chunk if it is stored (a hole stays a hole).
-                    if tailStored {
-                        let bytes = try readRange(contentId: s.record.contentId, cipher: cipher, offset: index * cs, count: Int(tail))
-                        do {
-                            let sealed = try bytes.withUnsafeBytes { try store.sealChunk($0, file: s.record.contentId, index: index, cipher: cipher) }
-                            try store.putChunk(file: s.record.contentId, index: index, sealed: sealed)
-                        } catch { throw fsError(error) }
+                    if tail != 0 {
+                        let c = try fileContent(s, offset: index * cs, count: Int(tail))
+                        if !c.tags[0].isHole {
+                            let bytes = try readRange(c, offset: index * cs, count: Int(tail))
+                            do {
+                                let sealed = try bytes.withUnsafeBytes { try store.sealChunk($0, file: c.id, index: index, cipher: c.cipher) }
+                                try store.putChunk(file: c.id, index: index, sealed: sealed)
+                                guard let tag = ChunkTag(sealed: sealed) else { throw FSError.io }
+                                try s.chunkMap.set(index, tag, store: store)
+                            } catch { throw fsError(error, "inode \(s.ino)") }
+                        }
                     }
                 }
                 s.record.size = newSize

@@ -14,8 +14,6 @@ final class InodeState: @unchecked Sendable {
     var dirty = false
     /// The inode row was deleted (nlink 0, nothing open); kept only for the kernel's last references.
     var deleted = false
-    /// The stored chunks were counted against the sealed chunk count since this inode was loaded.
-    var contentVerified = false
     /// Changes to this file were lost when the store rolled back (disk full): the next fsync says so.
     var writeError: FSError?
     /// Unlinked while open: listed in the store's orphans until its last close.
@@ -24,6 +22,7 @@ final class InodeState: @unchecked Sendable {
     /// rather than one per inode: 100,000 known inodes must not mean 100,000 locks.
     var content: ReadWriteLock { ContentLocks.lock(for: ino) }
     private var cachedCipher: AESGCM?
+    private var loadedChunkMap: ChunkMap?
 
     init(ino: InodeNumber, record: InodeRecord) { self.ino = ino; self.record = record }
 
@@ -39,4 +38,21 @@ final class InodeState: @unchecked Sendable {
         cachedCipher = c
         return c
     }
+
+    /// The file's chunk map, set up from the record on first use. Call under the meta lock.
+    var chunkMap: ChunkMap {
+        if let m = loadedChunkMap { return m }
+        let m = ChunkMap(file: record.contentId, root: record.chunkMap)
+        loadedChunkMap = m
+        return m
+    }
+
+    /// Writes changed map pages and puts the map's root into the record (before the record is written).
+    func flushChunkMap(_ store: EntityStore) throws(StoreError) {
+        guard let m = loadedChunkMap, m.isDirty else { return }
+        record.chunkMap = try m.flush(store: store)
+    }
+
+    /// Forgets the map in memory (the record was reread after the store dropped a transaction).
+    func dropChunkMap() { loadedChunkMap = nil }
 }

@@ -68,7 +68,6 @@ extension CofferFileSystem {
         let record = InodeRecord(mode: mode, uid: caller.uid, gid: gid, nlink: isDir ? 2 : 1, size: size, rdev: rdev,
                                  atime: now, mtime: now, ctime: now, contentId: contentId, symlinkTarget: symlink)
         let s = InodeState(ino: ino, record: record)
-        s.contentVerified = true
         do {
             try store.putInode(ino, record)
             try store.putEntry(parent: parent, DirectoryEntryRecord(name: name, ino: ino, type: mode & UInt32(S_IFMT)))

@@ -6,6 +6,7 @@ public enum EntityKind: UInt8, CaseIterable, Sendable, CustomStringConvertible {
     case contentChunk = 3
     case extendedAttribute = 4
     case storeState = 5
+    case chunkMapPage = 6
 
     /// The stable name recorded in the store's `coffer_kinds` table.
     public var name: String {
@@ -15,6 +16,7 @@ public enum EntityKind: UInt8, CaseIterable, Sendable, CustomStringConvertible {
         case .contentChunk: return "chunk"
         case .extendedAttribute: return "xattr"
         case .storeState: return "state"
+        case .chunkMapPage: return "chunkmap"
         }
     }
     public init?(name: String) {
@@ -57,6 +59,7 @@ public struct TransformerRegistry: Sendable {
         r.register(ChunkTransformer.self)
         r.register(ExtendedAttributeTransformer.self)
         r.register(StoreStateTransformer.self)
+        r.register(ChunkMapPageTransformer.self)
         return r
     }()
 }

@@ -98,6 +98,7 @@ public final class EntityStore: @unchecked Sendable {
                 CREATE TABLE chunks(file INTEGER NOT NULL, idx INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, idx));
                 CREATE TABLE xattrs(inode INTEGER NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(inode, tag)) WITHOUT ROWID;
                 CREATE TABLE orphans(id INTEGER PRIMARY KEY);
+                CREATE TABLE chunkmaps(file INTEGER NOT NULL, page INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, page));
                 """)
             for kind in registry.registeredKinds {
                 try db.execute(sql: "INSERT INTO coffer_kinds(kind, name, transformer) VALUES (?, ?, ?)",
@@ -516,6 +517,60 @@ public final class EntityStore: @unchecked Sendable {
         }
     }
 
+    // MARK: Chunk map pages
+
+    /// A page of a file's chunk map, which must carry `version` (the inode names it); nil if the row
+    /// is missing.
+    public func chunkMapPage(file: UInt64, page: UInt64, version: UInt64) throws(StoreError) -> [ChunkTag]? {
+        let sealed = try writer { db in
+            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM chunkmaps WHERE file = ? AND page = ?"),
+                              arguments: [Int64(bitPattern: file), Int64(bitPattern: page)])
+        }
+        guard let sealed else { return nil }
+        return try sealer.open(ChunkMapPageTransformer(), [UInt8](sealed), id: ChunkMapPageTransformer.id(file: file, page: page, version: version),
+                               cipher: keys.metadata, describe: "chunk map page \(page) of content \(file)")
+    }
+
+    public func putChunkMapPage(file: UInt64, page: UInt64, version: UInt64, tags: [ChunkTag]) throws(StoreError) {
+        let sealed = try sealer.seal(ChunkMapPageTransformer(), tags, id: ChunkMapPageTransformer.id(file: file, page: page, version: version),
+                                     cipher: keys.metadata)
+        try write(bytes: sealed.count) { db in
+            try db.cachedStatement(sql: "INSERT OR REPLACE INTO chunkmaps(file, page, value) VALUES (?, ?, ?)")
+                .execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: page), Data(sealed)])
+        }
+    }
+
+    /// Deletes a file's chunk map pages numbered `from` and up (truncate, unlink, back to inline).
+    public func deleteChunkMapPages(file: UInt64, from: UInt64 = 0) throws(StoreError) {
+        try write { db in
+            try db.cachedStatement(sql: "DELETE FROM chunkmaps WHERE file = ? AND page >= ?")
+                .execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: from)])
+        }
+    }
+
+    /// A page row's sealed bytes as stored (tests replay old rows with it).
+    func rawChunkMapPage(file: UInt64, page: UInt64) throws(StoreError) -> [UInt8]? {
+        try writer { db in
+            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM chunkmaps WHERE file = ? AND page = ?"),
+                              arguments: [Int64(bitPattern: file), Int64(bitPattern: page)]).map { [UInt8]($0) }
+        }
+    }
+
+    func putRawChunkMapPage(file: UInt64, page: UInt64, sealed: [UInt8]) throws(StoreError) {
+        try write(bytes: sealed.count) { db in
+            try db.cachedStatement(sql: "INSERT OR REPLACE INTO chunkmaps(file, page, value) VALUES (?, ?, ?)")
+                .execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: page), Data(sealed)])
+        }
+    }
+
+    /// Deletes one page (it became all holes).
+    public func deleteChunkMapPage(file: UInt64, page: UInt64) throws(StoreError) {
+        try write { db in
+            try db.cachedStatement(sql: "DELETE FROM chunkmaps WHERE file = ? AND page = ?")
+                .execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: page)])
+        }
+    }
+
     // MARK: Extended attributes
 
     func xattrTag(_ ino: UInt64, _ name: [UInt8]) -> [UInt8] { keys.tag(0x58, ino.bigEndianBytes, name) }
@@ -582,7 +637,7 @@ public final class EntityStore: @unchecked Sendable {
     // MARK: Information
 
     public struct Counts: Sendable {
-        public var inodes = 0, entries = 0, chunks = 0, xattrs = 0
+        public var inodes = 0, entries = 0, chunks = 0, xattrs = 0, chunkMapPages = 0
     }
 
     public func counts() throws(StoreError) -> Counts {
@@ -592,6 +647,7 @@ public final class EntityStore: @unchecked Sendable {
             c.entries = try Int.fetchOne(db, sql: "SELECT count(*) FROM dirents") ?? 0
             c.chunks = try Int.fetchOne(db, sql: "SELECT count(*) FROM chunks") ?? 0
             c.xattrs = try Int.fetchOne(db, sql: "SELECT count(*) FROM xattrs") ?? 0
+            c.chunkMapPages = try Int.fetchOne(db, sql: "SELECT count(*) FROM chunkmaps") ?? 0
             return c
         }
     }

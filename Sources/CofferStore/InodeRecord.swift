@@ -24,38 +24,44 @@ public struct InodeRecord: Equatable, Sendable {
     public var symlinkTarget: StoredPath?
     /// Content chunks actually stored (holes excluded): what `st_blocks` reports.
     public var chunkCount: UInt64
+    /// Which sealed chunk is current at each position (docs/FORMAT.md, "The chunk map").
+    public var chunkMap: ChunkMapRoot
 
     public init(mode: UInt32, uid: UInt32, gid: UInt32, nlink: UInt32, size: UInt64 = 0, rdev: UInt64 = 0,
                 atime: StoredTime, mtime: StoredTime, ctime: StoredTime, contentId: UInt64 = 0,
-                symlinkTarget: StoredPath? = nil, chunkCount: UInt64 = 0) {
+                symlinkTarget: StoredPath? = nil, chunkCount: UInt64 = 0, chunkMap: ChunkMapRoot = .empty) {
         self.mode = mode; self.uid = uid; self.gid = gid; self.nlink = nlink; self.size = size; self.rdev = rdev
         self.atime = atime; self.mtime = mtime; self.ctime = ctime; self.contentId = contentId
         self.symlinkTarget = symlinkTarget
         self.chunkCount = chunkCount
+        self.chunkMap = chunkMap
     }
 }
 
 public struct InodeTransformer: EntityTransformer {
     public static let name = "coffer.inode.v1"
     public static let kind = EntityKind.inode
+    /// 2 since the chunk map joined the inode (1 had none).
+    static let encodingVersion: UInt8 = 2
     public init() {}
 
     public func encode(_ v: InodeRecord) -> [UInt8] {
-        var w = ByteWriter(capacity: 96)
-        w.u8(1)
+        var w = ByteWriter(capacity: 104)
+        w.u8(Self.encodingVersion)
         w.u32(v.mode); w.u32(v.uid); w.u32(v.gid); w.u32(v.nlink)
         w.u64(v.size); w.u64(v.rdev)
         for t in [v.atime, v.mtime, v.ctime] { w.i64(t.seconds); w.u32(t.nanoseconds) }
         w.u64(v.contentId)
         if let target = v.symlinkTarget { w.u8(1); ContainerPathTransformer.encode(target, into: &w) } else { w.u8(0) }
         w.u64(v.chunkCount)
+        v.chunkMap.write(to: &w)
         return w.bytes
     }
 
     public func decode(_ bytes: [UInt8]) throws(DecodeError) -> InodeRecord {
         var r = ByteReader(bytes)
         let version = try r.u8()
-        guard version == 1 else { throw .unsupportedVersion(version) }
+        guard version == Self.encodingVersion else { throw .unsupportedVersion(version) }
         let mode = try r.u32(), uid = try r.u32(), gid = try r.u32(), nlink = try r.u32()
         let size = try r.u64(), rdev = try r.u64()
         var times: [StoredTime] = []
@@ -72,10 +78,11 @@ public struct InodeTransformer: EntityTransformer {
         default: throw .invalidValue("symlink flag")
         }
         let chunkCount = try r.u64()
+        let chunkMap = try ChunkMapRoot.read(from: &r)
         try r.finish()
         guard size <= UInt64(Int64.max) else { throw .invalidValue("size out of range") }
         return InodeRecord(mode: mode, uid: uid, gid: gid, nlink: nlink, size: size, rdev: rdev,
                            atime: times[0], mtime: times[1], ctime: times[2], contentId: contentId,
-                           symlinkTarget: target, chunkCount: chunkCount)
+                           symlinkTarget: target, chunkCount: chunkCount, chunkMap: chunkMap)
     }
 }

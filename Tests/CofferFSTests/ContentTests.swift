@@ -311,3 +311,147 @@ final class Failures: @unchecked Sendable {
     func add(_ m: String) { lock.lock(); messages.append(m); lock.unlock() }
     var all: [String] { lock.lock(); defer { lock.unlock() }; return messages }
 }
+
+/// The per-file chunk map (docs/FORMAT.md): what AEAD alone misses is caught on read, holes stay
+/// holes, and the map moves between its inline and paged forms as files grow and shrink.
+@Suite("Chunk map")
+struct ChunkMapTests {
+    static let cs = 4096
+
+    /// Writes `versions` successive contents over chunk 1 of a 3-chunk file, keeping a copy of each
+    /// sealed chunk 1; returns the file and the copies (oldest first).
+    func fileWithHistory(_ f: Fixture, versions: Int) throws -> (ino: InodeNumber, cid: UInt64, old: [[UInt8]], content: [UInt8]) {
+        var g = SplitMix64(seed: 0xC0FFEE)
+        var content = g.bytes(3 * Self.cs)
+        let ino = try f.file("f", content)
+        let cid = try required(f.contentId(ino))
+        var old: [[UInt8]] = []
+        for _ in 0 ..< versions {
+            try f.fs.commit()
+            old.append(try required(f.store.sealedChunks(file: cid, first: 1, last: 1).first?.sealed))
+            let fresh = g.bytes(Self.cs)
+            content.replaceSubrange(Self.cs ..< 2 * Self.cs, with: fresh)
+            let h = try f.fs.open(ino, flags: O_RDWR, caller: caller).handle
+            try f.write(ino, h, at: UInt64(Self.cs), fresh)
+            f.fs.release(ino, handle: h)
+        }
+        try f.fs.commit()
+        return (ino, cid, old, content)
+    }
+
+    func readChunk(_ f: Fixture, _ ino: InodeNumber, _ index: Int) throws -> [UInt8] {
+        let h = try f.fs.open(ino, flags: O_RDONLY, caller: caller).handle
+        defer { f.fs.release(ino, handle: h) }
+        return try f.fs.read(ino, handle: h, offset: UInt64(index * Self.cs), size: Self.cs)
+    }
+
+    @Test func olderVersionOfAChunkIsEIO() throws {
+        let f = try Fixture(chunkSize: Self.cs)
+        defer { f.cleanup() }
+        let (ino, cid, old, content) = try fileWithHistory(f, versions: 2)
+        #expect(try f.contents(ino) == content)
+        // Put back the first version of chunk 1: it authenticates under the file key (same file,
+        // same position), but it is not the chunk the map names.
+        try f.store.putChunk(file: cid, index: 1, sealed: old[0])
+        try f.remount()
+        #expect(try readChunk(f, ino, 0) == Array(content[0 ..< Self.cs]), "the other chunks still read")
+        #expect(try readChunk(f, ino, 2) == Array(content[2 * Self.cs ..< 3 * Self.cs]))
+        #expect(fsError { _ = try readChunk(f, ino, 1) } == .io)
+        #expect(fsError { _ = try f.contents(ino) } == .io)
+    }
+
+    @Test func deletedChunkIsEIOButAHoleReadsAsZeros() throws {
+        let f = try Fixture(chunkSize: Self.cs)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("sparse")
+        try f.write(ino, h, at: 0, [UInt8](repeating: 7, count: Self.cs))
+        try f.write(ino, h, at: UInt64(4 * Self.cs), [UInt8](repeating: 9, count: Self.cs))
+        f.fs.release(ino, handle: h)
+        try f.fs.commit()
+        let cid = try required(f.contentId(ino))
+        #expect(try readChunk(f, ino, 2) == [UInt8](repeating: 0, count: Self.cs), "a hole the user made reads as zeros")
+        #expect(try f.store.deleteChunks(file: cid, from: 4) == 1)
+        try f.store.commit()
+        try f.remount()
+        #expect(fsError { _ = try readChunk(f, ino, 4) } == .io, "a deleted chunk is not a hole")
+        #expect(try readChunk(f, ino, 0) == [UInt8](repeating: 7, count: Self.cs))
+    }
+
+    @Test func chunkStoredWhereTheFileHasAHoleIsEIO() throws {
+        let f = try Fixture(chunkSize: Self.cs)
+        defer { f.cleanup() }
+        // A 3-chunk file whose chunk 1 is later punched back to a hole by truncating and regrowing.
+        var g = SplitMix64(seed: 5)
+        let content = g.bytes(3 * Self.cs)
+        let ino = try f.file("f", content)
+        let cid = try required(f.contentId(ino))
+        try f.fs.commit()
+        let oldChunk1 = try required(f.store.sealedChunks(file: cid, first: 1, last: 1).first?.sealed)
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(Self.cs)), handle: nil, caller: caller)
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(3 * Self.cs)), handle: nil, caller: caller)
+        try f.fs.commit()
+        #expect(try readChunk(f, ino, 1) == [UInt8](repeating: 0, count: Self.cs))
+        // The old chunk 1 put back into today's hole authenticates but the map says hole.
+        try f.store.putChunk(file: cid, index: 1, sealed: oldChunk1)
+        try f.store.commit()
+        try f.remount()
+        #expect(fsError { _ = try readChunk(f, ino, 1) } == .io)
+        #expect(try readChunk(f, ino, 0) == Array(content[0 ..< Self.cs]))
+    }
+
+    @Test func pagedMapsGrowShrinkAndDetectAnOlderPage() throws {
+        let f = try Fixture(chunkSize: Self.cs)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("big")
+        let cid = try required(f.contentId(ino))
+        // Small: inline, no page rows.
+        try f.write(ino, h, at: 0, [UInt8](repeating: 1, count: 3 * Self.cs))
+        try f.fs.commit()
+        #expect(try f.store.counts().chunkMapPages == 0)
+        // Past 8 chunks and far into page 2 (positions 2048...): paged, page 1 all holes.
+        try f.write(ino, h, at: UInt64(2100 * Self.cs), [UInt8](repeating: 2, count: Self.cs))
+        try f.fs.commit()
+        let mapRoot = try required(f.store.inode(ino)).chunkMap
+        guard case .paged(let versions) = mapRoot else { Issue.record("expected a paged map, got \(mapRoot)"); return }
+        #expect(versions.count == 3 && versions[0] != 0 && versions[1] == 0 && versions[2] != 0)
+        #expect(try f.store.counts().chunkMapPages == 2)
+        #expect(try readChunk(f, ino, 1500) == [UInt8](repeating: 0, count: Self.cs))
+        #expect(try readChunk(f, ino, 2100) == [UInt8](repeating: 2, count: Self.cs))
+        // Keep page 0 as it is now, change chunk 0 (page 0 gets a new version), put the old page back.
+        let oldPage0 = try required(f.store.rawChunkMapPage(file: cid, page: 0))
+        try f.write(ino, h, at: 0, [UInt8](repeating: 3, count: Self.cs))
+        try f.fs.commit()
+        try f.store.putRawChunkMapPage(file: cid, page: 0, sealed: oldPage0)
+        try f.store.commit()
+        f.fs.release(ino, handle: h)
+        try f.remount()
+        #expect(fsError { _ = try readChunk(f, ino, 0) } == .io, "an older map page does not open against the inode")
+        #expect(try readChunk(f, ino, 2100) == [UInt8](repeating: 2, count: Self.cs), "other pages still work")
+    }
+
+    @Test func truncatingBackToAFewChunksReturnsToTheInlineForm() throws {
+        let f = try Fixture(chunkSize: Self.cs)
+        defer { f.cleanup() }
+        var g = SplitMix64(seed: 77)
+        let content = g.bytes(20 * Self.cs + 5)
+        let ino = try f.file("f", content)
+        try f.fs.commit()
+        #expect(try f.store.counts().chunkMapPages == 1)
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(2 * Self.cs + 10)), handle: nil, caller: caller)
+        try f.fs.commit()
+        #expect(try f.store.counts().chunkMapPages == 0)
+        let mapRoot = try required(f.store.inode(ino)).chunkMap
+        guard case .inline(let tags) = mapRoot else { Issue.record("expected an inline map, got \(mapRoot)"); return }
+        #expect(tags.count == 3 && !tags.contains(.hole))
+        try f.remount()
+        #expect(try f.contents(ino) == Array(content[0 ..< 2 * Self.cs + 10]))
+        // Unlink removes every row of the file, pages included.
+        let big = try f.file("g", g.bytes(30 * Self.cs))
+        try f.fs.commit()
+        #expect(try f.store.counts().chunkMapPages == 1)
+        try f.fs.unlink(parent: root, name: b("g"))
+        f.fs.forget(big, lookups: 1)
+        try f.fs.commit()
+        #expect(try f.store.counts().chunkMapPages == 0)
+    }
+}

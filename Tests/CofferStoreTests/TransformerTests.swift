@@ -25,6 +25,10 @@ struct TransformerTests {
         InodeRecord(mode: 0, uid: 0, gid: 0, nlink: 0, atime: times[0], mtime: times[0], ctime: times[0]),
         InodeRecord(mode: UInt32.max, uid: UInt32.max, gid: UInt32.max, nlink: UInt32.max, size: UInt64(Int64.max),
                     rdev: UInt64.max, atime: times[1], mtime: times[2], ctime: times[3], contentId: UInt64.max),
+        InodeRecord(mode: 0o100600, uid: 1, gid: 1, nlink: 1, size: 100_000, atime: times[0], mtime: times[0], ctime: times[0],
+                    contentId: 7, chunkCount: 2, chunkMap: .inline([ChunkTag(high: 1, low: 2), .hole, ChunkTag(high: .max, low: .max)])),
+        InodeRecord(mode: 0o100600, uid: 1, gid: 1, nlink: 1, size: 1 << 40, atime: times[0], mtime: times[0], ctime: times[0],
+                    contentId: 9, chunkCount: 5, chunkMap: .paged([0, 42, UInt64.max])),
         sampleInode(mode: 0o120777, target: .relative([])),
         sampleInode(mode: 0o120777, target: .relative(b("docs/a b/ü.txt"))),
         sampleInode(mode: 0o120777, target: .verbatim(b("../../etc/passwd"))),
@@ -45,8 +49,35 @@ struct TransformerTests {
         }
         expectError(DecodeError.trailingBytes) { try t.decode(bytes + [0]) }
         var wrongVersion = bytes
-        wrongVersion[0] = 2
-        expectError(DecodeError.unsupportedVersion(2)) { try t.decode(wrongVersion) }
+        wrongVersion[0] = 1
+        expectError(DecodeError.unsupportedVersion(1)) { try t.decode(wrongVersion) }
+    }
+
+    @Test func chunkMapRootsAndPagesRefuseHostileShapes() throws {
+        let t = InodeTransformer()
+        let base = Array(t.encode(sampleInode()).dropLast(2))   // without the empty inline map
+        func withMap(_ tail: (inout ByteWriter) -> Void) -> [UInt8] {
+            var w = ByteWriter(); w.raw(base); tail(&w); return w.bytes
+        }
+        let tooLongInline = withMap { w in w.u8(0); w.u8(9); for _ in 0 ..< 9 { w.u64(1); w.u64(1) } }
+        expectError(DecodeError.invalidValue("inline chunk map too long")) { try t.decode(tooLongInline) }
+        let noPages = withMap { w in w.u8(1); w.u32(0) }
+        expectError(DecodeError.invalidValue("chunk map page count")) { try t.decode(noPages) }
+        // A page count far beyond the bytes present is refused before anything is allocated.
+        let hugeCount = withMap { w in w.u8(1); w.u32(UInt32.max); w.u64(1) }
+        expectError(DecodeError.invalidValue("chunk map page count")) { try t.decode(hugeCount) }
+        let badForm = withMap { w in w.u8(7) }
+        expectError(DecodeError.invalidValue("chunk map form")) { try t.decode(badForm) }
+
+        let pages = ChunkMapPageTransformer()
+        let tags = (0 ..< 1024).map { ChunkTag(high: UInt64($0), low: UInt64($0) &* 31) }
+        let encoded = pages.encode(tags)
+        #expect(try pages.decode(encoded) == tags)
+        #expect(try pages.decode(pages.encode([])) == [])
+        var tooMany = ByteWriter(); tooMany.u8(1); tooMany.u16(1025)
+        expectError(DecodeError.invalidValue("chunk map page too long")) { try pages.decode(tooMany.bytes) }
+        expectError(DecodeError.trailingBytes) { try pages.decode(encoded + [0]) }
+        expectError(DecodeError.truncated) { try pages.decode(Array(encoded.dropLast())) }
     }
 
     @Test func inodeDecoderRefusesOutOfRangeValues() throws {
@@ -54,24 +85,24 @@ struct TransformerTests {
         let good = t.encode(sampleInode())
         // size > Int64.max
         var w = ByteWriter()
-        w.u8(1); w.u32(0o100644); w.u32(0); w.u32(0); w.u32(1); w.u64(UInt64(Int64.max) + 1); w.u64(0)
+        w.u8(2); w.u32(0o100644); w.u32(0); w.u32(0); w.u32(1); w.u64(UInt64(Int64.max) + 1); w.u64(0)
         for _ in 0 ..< 3 { w.i64(0); w.u32(0) }
-        w.u64(0); w.u8(0); w.u64(0)
+        w.u64(0); w.u8(0); w.u64(0); w.u8(0); w.u8(0)
         expectError(DecodeError.invalidValue("size out of range")) { try t.decode(w.bytes) }
         // nanoseconds >= 1e9 (atime's nanoseconds start at 1 + 16 + 16 + 8)
         var badNs = good
         for i in 0 ..< 4 { badNs[41 + i] = [0x3B, 0x9A, 0xCA, 0x00][i] }   // 1_000_000_000
         expectError(DecodeError.invalidValue("nanoseconds out of range")) { try t.decode(badNs) }
-        // symlink flag other than 0/1 (it sits before the trailing u64 chunk count)
+        // symlink flag other than 0/1 (it sits before the u64 chunk count and the 2-byte empty inline map)
         var badFlag = good
-        badFlag[badFlag.count - 9] = 2
+        badFlag[badFlag.count - 11] = 2
         expectError(DecodeError.invalidValue("symlink flag")) { try t.decode(badFlag) }
         // symlink target that escapes its root, or holds NUL
         for hostile in [StoredPath.relative(b("../x")), .relative(b("/etc/passwd")), .relative(b("a/../../b")), .verbatim(b("a\0b"))] {
             var w = ByteWriter()
-            w.raw(good.dropLast(9)); w.u8(1)
+            w.raw(good.dropLast(11)); w.u8(1)
             ContainerPathTransformer.encode(hostile, into: &w)
-            w.u64(0)
+            w.u64(0); w.u8(0); w.u8(0)
             if case .invalidValue? = decodeError({ try t.decode(w.bytes) }) {} else {
                 Issue.record("inode with hostile symlink target \(hostile) was not refused")
             }
