@@ -36,6 +36,14 @@ public final class AESGCM: Sendable {
                                    destroy: { EVP_CIPHER_CTX_free($0) })
     }
 
+    /// Zeroes the key and frees the keyed contexts now (unmount): later use fails, it does not
+    /// run with a zero key.
+    public func wipe() {
+        sealers.close()
+        openers.close()
+        key.wipe()
+    }
+
     // MARK: seal
 
     public func seal(_ plaintext: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer) throws -> [UInt8] {

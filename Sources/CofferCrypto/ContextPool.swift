@@ -15,6 +15,8 @@ struct ContextHandle: @unchecked Sendable {
 /// happens once per context rather than once per message, while many threads work at once.
 final class ContextPool: Sendable {
     private let idle = Mutex<[ContextHandle]>([])
+    /// Set by `close()`: no context is made or kept after the key was wiped.
+    private let closed = Atomic<Bool>(false)
     private let maxIdle: Int
     private let make: @Sendable () throws -> OpaquePointer
     private let destroy: @Sendable (OpaquePointer) -> Void
@@ -31,6 +33,7 @@ final class ContextPool: Sendable {
     /// Runs `body` with an exclusive context. A context whose use threw is destroyed rather than
     /// reused, so a half-finished operation never leaks state into the next one.
     func withContext<R>(_ body: (OpaquePointer) throws -> R) throws -> R {
+        guard !closed.load(ordering: .acquiring) else { throw CryptoError.invalidParameter("the key was wiped") }
         let context: OpaquePointer
         if let handle = idle.withLock({ $0.popLast() }) {
             context = handle.pointer
@@ -45,7 +48,7 @@ final class ContextPool: Sendable {
             throw error
         }
         let kept = idle.withLock { list -> Bool in
-            guard list.count < maxIdle else { return false }
+            guard list.count < maxIdle, !closed.load(ordering: .acquiring) else { return false }
             list.append(ContextHandle(pointer: context))
             return true
         }
@@ -53,7 +56,15 @@ final class ContextPool: Sendable {
         return result
     }
 
-    deinit {
+    /// Frees every idle context (OpenSSL cleanses their key schedules) and refuses new ones.
+    func close() {
+        closed.store(true, ordering: .releasing)
+        drain()
+    }
+
+    deinit { drain() }
+
+    private func drain() {
         let all = idle.withLock { list -> [ContextHandle] in
             let taken = list
             list.removeAll()

@@ -21,6 +21,13 @@ public final class HMACSHA256: Sendable {
         self.pool = ContextPool(make: { try HMACSHA256.makeContext(key: own) }, destroy: { EVP_MAC_CTX_free($0) })
     }
 
+    /// Zeroes the key and frees the keyed contexts now (unmount). Call only once nothing
+    /// authenticates any more: `authenticate` traps after it.
+    public func wipe() {
+        pool.close()
+        key.wipe()
+    }
+
     public func authenticate(_ message: UnsafeRawBufferPointer) -> [UInt8] {
         do {
             return try pool.withContext { ctx in try Self.compute(ctx, message) }

@@ -83,6 +83,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         meta.withLock { stopped = true }
         do { try commit() } catch { logger.error("final commit failed: \(error)") }
         store.close()
+        meta.withLock { for s in inodes.values { s.wipeCipher() } }
     }
 
     // MARK: Errors

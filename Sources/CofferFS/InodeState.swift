@@ -39,6 +39,9 @@ final class InodeState: @unchecked Sendable {
         return c
     }
 
+    /// Zeroes the per-file key (unmount).
+    func wipeCipher() { cachedCipher?.wipe(); cachedCipher = nil }
+
     /// The file's chunk map, set up from the record on first use. Call under the meta lock.
     var chunkMap: ChunkMap {
         if let m = loadedChunkMap { return m }

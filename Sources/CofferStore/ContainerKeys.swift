@@ -46,10 +46,15 @@ public final class ContainerKeys: Sendable {
         return Array(lookup.authenticate(message).prefix(16))
     }
 
-    /// Zeroes the master key and content root now (subkeys inside AESGCM/HMAC objects go with them).
+    /// Zeroes the master key, every subkey and their OpenSSL contexts now (unmount, every exit
+    /// path of a command that unlocked). Nothing may use these keys afterwards.
     public func wipe() {
         master.wipe()
         contentRoot.wipe()
+        metadata.wipe()
+        lookup.wipe()
+        headerMAC.wipe()
+        fileKeys.wipe()
     }
 
     func copyMaster() -> SecureBytes { master.withUnsafeBytes { SecureBytes(copying: $0) } }

@@ -1,4 +1,10 @@
 import Foundation
+import Glibc
+
+// Keys live in this process: a crash must not write them to disk in a core dump (SecureBytes are
+// also MADV_DONTDUMP; OpenSSL's key schedules are not).
+var noCore = rlimit(rlim_cur: 0, rlim_max: 0)
+_ = setrlimit(__rlimit_resource_t(RLIMIT_CORE.rawValue), &noCore)
 
 // A background mount daemon keeps nothing of its launcher's but the pipes it was given.
 Daemonizer.closeInheritedDescriptors(CommandLine.arguments)

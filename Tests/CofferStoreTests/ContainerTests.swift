@@ -27,6 +27,22 @@ struct ContainerTests {
         }
     }
 
+    /// Unmount wipes every key, subkeys and their OpenSSL contexts included: a subkey that was
+    /// wiped refuses to work rather than sealing under a zeroed key.
+    @Test func wipedKeysRefuseToSeal() throws {
+        let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
+        let file = try keys.fileCipher(contentId: 7)
+        _ = try keys.metadata.seal([1, 2, 3], aad: [])
+        _ = try file.seal([1, 2, 3], aad: [])
+        keys.wipe()
+        file.wipe()
+        func fails(_ body: () throws -> Any) -> Bool { do { _ = try body(); return false } catch { return true } }
+        let metadataSeal = fails { try keys.metadata.seal([1, 2, 3], aad: []) }
+        let fileSeal = fails { try file.seal([1, 2, 3], aad: []) }
+        let metadataOpen = fails { try keys.metadata.open([UInt8](repeating: 0, count: 40), aad: []) }
+        #expect(metadataSeal && fileSeal && metadataOpen)
+    }
+
     @Test func wrongPasswordFailsAndLeavesHeaderUntouched() throws {
         try withTempDir { dir in
             let made = try makeContainer(in: dir)
