@@ -37,11 +37,18 @@ final class ChunkMap {
     private func page(_ p: UInt64, store: EntityStore) throws(StoreError) -> [ChunkTag] {
         if let tags = pages[p] { return tags }
         var tags: [ChunkTag] = []
-        if case .paged(let versions) = root, p < UInt64(versions.count), versions[Int(p)] != 0, droppedFrom.map({ p < $0 }) ?? true {
-            guard let stored = try store.chunkMapPage(file: file, page: p, version: versions[Int(p)]) else {
-                throw .authenticationFailed(kind: .chunkMapPage, entity: "chunk map page \(p) of content \(file) is missing")
+        if droppedFrom.map({ p < $0 }) ?? true {
+            switch root {
+            case .inline(let inline):
+                if p == 0 { tags = inline }
+            case .paged(let versions):
+                if p < UInt64(versions.count), versions[Int(p)] != 0 {
+                    guard let stored = try store.chunkMapPage(file: file, page: p, version: versions[Int(p)]) else {
+                        throw .authenticationFailed(kind: .chunkMapPage, entity: "chunk map page \(p) of content \(file) is missing")
+                    }
+                    tags = stored
+                }
             }
-            tags = stored
         }
         if pages.count >= Self.cachedPages {
             for key in pages.keys where !dirty.contains(key) { pages[key] = nil }

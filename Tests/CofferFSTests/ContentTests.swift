@@ -429,6 +429,26 @@ struct ChunkMapTests {
         #expect(try readChunk(f, ino, 2100) == [UInt8](repeating: 2, count: Self.cs), "other pages still work")
     }
 
+    /// Reading far into a sparse file loads many (empty) pages; dropping clean pages from memory
+    /// must never lose an inline map's tags.
+    @Test func manyPagesReadKeepTheInlineTags() throws {
+        let f = try Fixture(chunkSize: Self.cs)
+        defer { f.cleanup() }
+        let content = [UInt8](repeating: 5, count: 3 * Self.cs)
+        let ino = try f.file("f", content)
+        let pageBytes = Self.cs * ChunkMapRoot.positionsPerPage
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(100 * pageBytes)), handle: nil, caller: caller)
+        let h = try f.fs.open(ino, flags: O_RDONLY, caller: caller).handle
+        for p in 1 ..< 100 {
+            #expect(try f.fs.read(ino, handle: h, offset: UInt64(p * pageBytes), size: 1) == [0])
+        }
+        #expect(try f.fs.read(ino, handle: h, offset: 0, size: 3 * Self.cs) == content)
+        f.fs.release(ino, handle: h)
+        try f.fs.commit()
+        try f.remount()
+        #expect(try readChunk(f, ino, 2) == Array(content[2 * Self.cs ..< 3 * Self.cs]))
+    }
+
     @Test func truncatingBackToAFewChunksReturnsToTheInlineForm() throws {
         let f = try Fixture(chunkSize: Self.cs)
         defer { f.cleanup() }
