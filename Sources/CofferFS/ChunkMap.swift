@@ -11,8 +11,10 @@ final class ChunkMap {
     static let cachedPages = 64
 
     private let file: UInt64
-    /// The root as the store has it now (updated by `flush`).
-    private var root: ChunkMapRoot
+    /// The inline tags as the store has them (when the map is inline).
+    private var storedInline: [ChunkTag]?
+    /// The stored pages and their versions (when the map is paged).
+    private var storedPages: [UInt64: UInt64] = [:]
     private var pages: [UInt64: [ChunkTag]] = [:]
     private var dirty = Set<UInt64>()
     /// Pages at or past this number were dropped by a truncation and must go from the store.
@@ -20,34 +22,33 @@ final class ChunkMap {
 
     init(file: UInt64, root: ChunkMapRoot) {
         self.file = file
-        self.root = root
-        if case .inline(let tags) = root { pages[0] = tags }
+        adopt(root)
+    }
+
+    private func adopt(_ root: ChunkMapRoot) {
+        switch root {
+        case .inline(let tags):
+            storedInline = tags
+            storedPages = [:]
+        case .paged(let refs):
+            storedInline = nil
+            storedPages = Dictionary(refs.map { ($0.page, $0.version) }, uniquingKeysWith: { a, _ in a })
+        }
     }
 
     var isDirty: Bool { !dirty.isEmpty || droppedFrom != nil }
-
-    /// How many pages the stored root names.
-    private var storedPageCount: UInt64 {
-        switch root {
-        case .inline(let tags): return tags.isEmpty ? 0 : 1
-        case .paged(let versions): return UInt64(versions.count)
-        }
-    }
 
     private func page(_ p: UInt64, store: EntityStore) throws(StoreError) -> [ChunkTag] {
         if let tags = pages[p] { return tags }
         var tags: [ChunkTag] = []
         if droppedFrom.map({ p < $0 }) ?? true {
-            switch root {
-            case .inline(let inline):
+            if let inline = storedInline {
                 if p == 0 { tags = inline }
-            case .paged(let versions):
-                if p < UInt64(versions.count), versions[Int(p)] != 0 {
-                    guard let stored = try store.chunkMapPage(file: file, page: p, version: versions[Int(p)]) else {
-                        throw .authenticationFailed(kind: .chunkMapPage, entity: "chunk map page \(p) of content \(file) is missing")
-                    }
-                    tags = stored
+            } else if let version = storedPages[p] {
+                guard let stored = try store.chunkMapPage(file: file, page: p, version: version) else {
+                    throw .authenticationFailed(kind: .chunkMapPage, entity: "chunk map page \(p) of content \(file) is missing")
                 }
+                tags = stored
             }
         }
         if pages.count >= Self.cachedPages {
@@ -110,50 +111,46 @@ final class ChunkMap {
         }
         let firstDropped = keep % Self.perPage == 0 ? p : p + 1
         for key in pages.keys where key >= firstDropped { pages[key] = nil; dirty.remove(key) }
-        if firstDropped < storedPageCount { droppedFrom = min(droppedFrom ?? firstDropped, firstDropped) }
+        droppedFrom = min(droppedFrom ?? firstDropped, firstDropped)
     }
 
     /// Writes changed pages (each with a fresh version) and returns the root the inode must now
     /// carry. Call inside the group transaction that also writes the inode.
     func flush(store: EntityStore) throws(StoreError) -> ChunkMapRoot {
-        guard isDirty else { return root }
-        // The number of pages the map needs: up to the last page holding a tag.
-        var versions: [UInt64]
-        if case .paged(let v) = root { versions = v } else { versions = [] }
-        if let from = droppedFrom, from < UInt64(versions.count) { versions.removeSubrange(Int(from)...) }
-        var needed = UInt64(0)
-        for (p, tags) in pages where !tags.isEmpty { needed = max(needed, p + 1) }
-        for (p, v) in versions.enumerated() where v != 0 && pages[UInt64(p)] == nil { needed = max(needed, UInt64(p) + 1) }
+        // The stored pages that survive a truncation, then the loaded pages over them.
+        var kept = storedPages
+        if let from = droppedFrom { kept = kept.filter { $0.key < from } }
+        var nonEmpty = Set(kept.keys)
+        for (p, tags) in pages { if tags.isEmpty { nonEmpty.remove(p) } else { nonEmpty.insert(p) } }
 
-        let newRoot: ChunkMapRoot
-        if needed <= 1, try page(0, store: store).count <= ChunkMapRoot.inlineLimit {
-            newRoot = .inline(try page(0, store: store))
-            if storedPageCount > 0, case .paged = root { try store.deleteChunkMapPages(file: file) }
+        let root: ChunkMapRoot
+        if nonEmpty.allSatisfy({ $0 == 0 }), try page(0, store: store).count <= ChunkMapRoot.inlineLimit {
+            root = .inline(try page(0, store: store))
+            if !storedPages.isEmpty { try store.deleteChunkMapPages(file: file) }
         } else {
-            let wasInline: Bool
-            if case .inline = root { wasInline = true } else { wasInline = false }
-            if wasInline { dirty.insert(0) }
-            if UInt64(versions.count) < needed { versions.append(contentsOf: repeatElement(0, count: Int(needed) - versions.count)) }
-            if UInt64(versions.count) > needed { versions.removeSubrange(Int(needed)...) }
-            for p in dirty.sorted() where p < needed {
+            // Going from inline to pages, page 0 must be written as a page.
+            if storedInline != nil && !(pages[0] ?? []).isEmpty { dirty.insert(0) }
+            if let from = droppedFrom, storedPages.keys.contains(where: { $0 >= from }) {
+                try store.deleteChunkMapPages(file: file, from: from)
+            }
+            for p in dirty.sorted() {
                 let tags = try page(p, store: store)
                 if tags.isEmpty {
-                    if versions[Int(p)] != 0 { try store.deleteChunkMapPage(file: file, page: p) }
-                    versions[Int(p)] = 0
+                    if kept[p] != nil { try store.deleteChunkMapPage(file: file, page: p) }
+                    kept[p] = nil
                 } else {
                     let version = try Self.newVersion()
                     try store.putChunkMapPage(file: file, page: p, version: version, tags: tags)
-                    versions[Int(p)] = version
+                    kept[p] = version
                 }
             }
-            if !wasInline { try store.deleteChunkMapPages(file: file, from: needed) }
-            newRoot = .paged(versions)
+            root = .paged(kept.sorted { $0.key < $1.key }.map { ChunkMapPageRef(page: $0.key, version: $0.value) })
         }
-        root = newRoot
+        adopt(root)
         dirty.removeAll()
         droppedFrom = nil
-        if case .paged = newRoot, pages.count > Self.cachedPages { pages.removeAll() }
-        return newRoot
+        if pages.count > Self.cachedPages { pages.removeAll() }
+        return root
     }
 
     private static func newVersion() throws(StoreError) -> UInt64 {

@@ -31,16 +31,25 @@ public struct ChunkTag: Hashable, Sendable, CustomStringConvertible {
     }
 }
 
+/// One stored page of a paged chunk map, as the inode names it.
+public struct ChunkMapPageRef: Equatable, Sendable {
+    public var page: UInt64
+    /// Random and non-zero, new on every rewrite of the page: an older copy does not open.
+    public var version: UInt64
+    public init(page: UInt64, version: UInt64) { self.page = page; self.version = version }
+}
+
 /// Where a file's chunk map lives, as the sealed inode records it: inline (positions 0..<n, n ≤ 8)
-/// or as pages of 1024 positions, each named by a version that changes on every rewrite.
+/// or as pages of 1024 positions, listed sparsely (pages that are all holes are not stored).
 public enum ChunkMapRoot: Equatable, Sendable {
     case inline([ChunkTag])
-    case paged([UInt64])
+    /// Stored pages in ascending page order.
+    case paged([ChunkMapPageRef])
 
     public static let empty = ChunkMapRoot.inline([])
     public static let inlineLimit = 8
     public static let positionsPerPage = 1024
-    /// 2^63 bytes at the smallest chunk size is 2^51 positions, 2^41 pages: more than any inode holds.
+    /// A dense file of 32 TiB at 32 KiB chunks; the inode then holds 16 MiB of page references.
     static let maxPages = 1 << 20
 
     func write(to w: inout ByteWriter) {
@@ -48,9 +57,9 @@ public enum ChunkMapRoot: Equatable, Sendable {
         case .inline(let tags):
             w.u8(0); w.u8(UInt8(tags.count))
             for t in tags { t.write(to: &w) }
-        case .paged(let versions):
-            w.u8(1); w.u32(UInt32(versions.count))
-            for v in versions { w.u64(v) }
+        case .paged(let pages):
+            w.u8(1); w.u32(UInt32(pages.count))
+            for p in pages { w.u64(p.page); w.u64(p.version) }
         }
     }
 
@@ -65,11 +74,17 @@ public enum ChunkMapRoot: Equatable, Sendable {
             return .inline(tags)
         case 1:
             let n = Int(try r.u32())
-            guard n >= 1, n <= maxPages, n * 8 <= r.remaining else { throw .invalidValue("chunk map page count") }
-            var versions: [UInt64] = []
-            versions.reserveCapacity(n)
-            for _ in 0 ..< n { versions.append(try r.u64()) }
-            return .paged(versions)
+            guard n >= 1, n <= maxPages, n * 16 <= r.remaining else { throw .invalidValue("chunk map page count") }
+            var pages: [ChunkMapPageRef] = []
+            pages.reserveCapacity(n)
+            for _ in 0 ..< n {
+                let ref = ChunkMapPageRef(page: try r.u64(), version: try r.u64())
+                guard ref.version != 0, pages.last.map({ $0.page < ref.page }) ?? true else {
+                    throw .invalidValue("chunk map pages out of order")
+                }
+                pages.append(ref)
+            }
+            return .paged(pages)
         default:
             throw .invalidValue("chunk map form")
         }

@@ -28,7 +28,7 @@ struct TransformerTests {
         InodeRecord(mode: 0o100600, uid: 1, gid: 1, nlink: 1, size: 100_000, atime: times[0], mtime: times[0], ctime: times[0],
                     contentId: 7, chunkCount: 2, chunkMap: .inline([ChunkTag(high: 1, low: 2), .hole, ChunkTag(high: .max, low: .max)])),
         InodeRecord(mode: 0o100600, uid: 1, gid: 1, nlink: 1, size: 1 << 40, atime: times[0], mtime: times[0], ctime: times[0],
-                    contentId: 9, chunkCount: 5, chunkMap: .paged([0, 42, UInt64.max])),
+                    contentId: 9, chunkCount: 5, chunkMap: .paged([ChunkMapPageRef(page: 0, version: 42), ChunkMapPageRef(page: 1 << 40, version: .max)])),
         sampleInode(mode: 0o120777, target: .relative([])),
         sampleInode(mode: 0o120777, target: .relative(b("docs/a b/ü.txt"))),
         sampleInode(mode: 0o120777, target: .verbatim(b("../../etc/passwd"))),
@@ -66,6 +66,10 @@ struct TransformerTests {
         // A page count far beyond the bytes present is refused before anything is allocated.
         let hugeCount = withMap { w in w.u8(1); w.u32(UInt32.max); w.u64(1) }
         expectError(DecodeError.invalidValue("chunk map page count")) { try t.decode(hugeCount) }
+        let outOfOrder = withMap { w in w.u8(1); w.u32(2); w.u64(5); w.u64(1); w.u64(5); w.u64(2) }
+        expectError(DecodeError.invalidValue("chunk map pages out of order")) { try t.decode(outOfOrder) }
+        let zeroVersion = withMap { w in w.u8(1); w.u32(1); w.u64(5); w.u64(0) }
+        expectError(DecodeError.invalidValue("chunk map pages out of order")) { try t.decode(zeroVersion) }
         let badForm = withMap { w in w.u8(7) }
         expectError(DecodeError.invalidValue("chunk map form")) { try t.decode(badForm) }
 
