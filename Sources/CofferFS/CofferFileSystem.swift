@@ -160,6 +160,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Writes a changed record now (inside the open group transaction).
     func persist(_ s: InodeState) throws(FSError) {
         guard !s.deleted else { return }
+        try flushTail(s)
         do {
             try s.flushChunkMap(store)
             try store.putInode(s.ino, s.record)
@@ -190,6 +191,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             try store.deleteInode(s.ino)
             if s.orphaned { try store.removeOrphan(s.ino); s.orphaned = false }
         } catch { throw fsError(error) }
+        s.tail = nil
         s.deleted = true
         s.dirty = false
     }

@@ -41,6 +41,11 @@ extension CofferFileSystem {
             guard files.removeValue(forKey: handle) != nil, let s = inodes[ino] else { return }
             s.opens -= 1
             if s.opens == 0 && s.record.nlink == 0 && !s.deleted { try? destroy(s) }
+            // A closed file keeps no plaintext tail (memory stays bounded by the open files). A
+            // failure here is reported by the next fsync, as failed write-back is.
+            if s.opens == 0 && s.tail != nil {
+                do throws(FSError) { try flushTail(s) } catch { s.writeError = error }
+            }
             release(ifUnused: s)
         }
     }
@@ -69,6 +74,7 @@ extension CofferFileSystem {
             let (content, count) = try meta.withLock { () throws(FSError) -> (FileContent?, Int) in
                 guard offset < s.record.size, size > 0 else { return (nil, 0) }
                 let count = Int(min(UInt64(size), s.record.size - offset))
+                if let tail = s.tail, (offset + UInt64(count) - 1) / UInt64(chunkSize) >= tail.index { try flushTail(s) }
                 return (try fileContent(s, offset: offset, count: count), count)
             }
             guard let content else { return [] }
@@ -156,36 +162,69 @@ extension CofferFileSystem {
         guard s.isRegular else { throw .invalid }
         guard !data.isEmpty else { return 0 }
         try s.content.withWriteLock { () throws(FSError) in
-            let (start, oldSize, content) = try meta.withLock { () throws(FSError) -> (UInt64, UInt64, FileContent) in
+            enum Plan { case done, loadTail(FileContent, UInt64), seal(FileContent) }
+            let (start, oldSize, plan) = try meta.withLock { () throws(FSError) -> (UInt64, UInt64, Plan) in
                 let start = flags & O_APPEND != 0 ? s.record.size : offset
                 let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
                 guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
-                return (start, s.record.size, try fileContent(s, offset: start, count: data.count))
+                let index = fitsTail(start: start, end: end, newSize: max(s.record.size, end))
+                if let index, s.tail?.index == index {
+                    s.tail?.merge(data, at: Int(start - index * UInt64(chunkSize)))
+                    recordWrite(s, end: end, addedChunks: 0)
+                    return (start, s.record.size, .done)
+                }
+                try flushTail(s)
+                let content = try fileContent(s, offset: start, count: data.count)
+                if let index { return (start, s.record.size, .loadTail(content, index)) }
+                return (start, s.record.size, .seal(content))
             }
-            let sealed = try sealRange(content, oldSize: oldSize, offset: start, data: data)
-            // Rows, map and size change together under `meta`, so no group commit sees one without
-            // the others (a crash then leaves a file whose map names exactly its stored chunks).
-            try meta.withLock { () throws(FSError) in
-                var added: UInt64 = 0
-                do {
-                    try store.putChunks(file: content.id, sealed)
-                    for c in sealed {
-                        guard let tag = ChunkTag(sealed: c.sealed) else { throw FSError.io }
-                        if content.tags[Int(c.index - content.first)].isHole { added += 1 }
-                        try s.chunkMap.set(c.index, tag, store: store)
-                    }
-                } catch { throw fsError(error, "inode \(s.ino)") }
-                let now = StoredTime.now()
-                s.record.chunkCount += added
-                s.record.size = max(s.record.size, start + UInt64(data.count))
-                s.record.mtime = now; s.record.ctime = now
-                // Writing drops setuid/setgid, as local filesystems do.
-                if s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 { s.record.mode &= ~UInt32(S_ISUID | S_ISGID) }
-                s.dirty = true
+            switch plan {
+            case .done:
+                break
+            case .loadTail(let content, let index):
+                // Start buffering this chunk: what it holds now, then the new bytes.
+                let chunkStart = index * UInt64(chunkSize)
+                let isNew = content.tags[0].isHole
+                var tail = TailChunk(index: index, bytes: [])
+                if !isNew && chunkStart < oldSize {
+                    tail.bytes = try readRange(content, offset: chunkStart, count: Int(min(UInt64(chunkSize), oldSize - chunkStart)))
+                }
+                tail.merge(data, at: Int(start - chunkStart))
+                meta.withLock {
+                    s.tail = tail
+                    recordWrite(s, end: start + UInt64(data.count), addedChunks: isNew ? 1 : 0)
+                }
+            case .seal(let content):
+                let sealed = try sealRange(content, oldSize: oldSize, offset: start, data: data)
+                // Rows, map and size change together under `meta`, so no group commit sees one without
+                // the others (a crash then leaves a file whose map names exactly its stored chunks).
+                try meta.withLock { () throws(FSError) in
+                    var added: UInt64 = 0
+                    do {
+                        try store.putChunks(file: content.id, sealed)
+                        for c in sealed {
+                            guard let tag = ChunkTag(sealed: c.sealed) else { throw FSError.io }
+                            if content.tags[Int(c.index - content.first)].isHole { added += 1 }
+                            try s.chunkMap.set(c.index, tag, store: store)
+                        }
+                    } catch { throw fsError(error, "inode \(s.ino)") }
+                    recordWrite(s, end: start + UInt64(data.count), addedChunks: added)
+                }
             }
         }
         try commitIfDue()
         return data.count
+    }
+
+    /// What a write changes in the record: size, times, stored chunk count, set-id bits. Call under `meta`.
+    func recordWrite(_ s: InodeState, end: UInt64, addedChunks: UInt64) {
+        let now = StoredTime.now()
+        s.record.chunkCount += addedChunks
+        s.record.size = max(s.record.size, end)
+        s.record.mtime = now; s.record.ctime = now
+        // Writing drops setuid/setgid, as local filesystems do.
+        if s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 { s.record.mode &= ~UInt32(S_ISUID | S_ISGID) }
+        s.dirty = true
     }
 
     /// Seals the chunks that [offset, offset+data.count) touches, merging partial chunks with what
@@ -235,6 +274,7 @@ extension CofferFileSystem {
         guard newSize <= UInt64(Int64.max) else { throw .fileTooBig }
         try s.content.withWriteLock { () throws(FSError) in
             try meta.withLock { () throws(FSError) in
+                try flushTail(s)
                 let old = s.record.size
                 let now = StoredTime.now()
                 if newSize < old {

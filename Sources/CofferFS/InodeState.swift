@@ -21,6 +21,8 @@ final class InodeState: @unchecked Sendable {
     /// Serializes content changes; reads share it. Striped (one of a fixed set by inode number)
     /// rather than one per inode: 100,000 known inodes must not mean 100,000 locks.
     var content: ReadWriteLock { ContentLocks.lock(for: ino) }
+    /// The last chunk while it is being appended to (see TailChunk).
+    var tail: TailChunk?
     private var cachedCipher: AESGCM?
     private var loadedChunkMap: ChunkMap?
 
@@ -57,5 +59,5 @@ final class InodeState: @unchecked Sendable {
     }
 
     /// Forgets the map in memory (the record was reread after the store dropped a transaction).
-    func dropChunkMap() { loadedChunkMap = nil }
+    func dropChunkMap() { loadedChunkMap = nil; tail = nil }
 }

@@ -504,3 +504,101 @@ extension ChunkMapRoot {
         return .paged(zip(mine, theirs).map { ChunkMapPageRef(page: $0.page, version: $1.version) })
     }
 }
+
+/// The tail buffer (TailChunk): small appends stay in memory until the chunk is done with, and
+/// every way of looking at the file sees them.
+@Suite("Tail chunk buffer")
+struct TailChunkTests {
+    @Test func smallAppendsAreSealedOncePerChunkAndReadBackEverywhere() throws {
+        let cs = 32768
+        let f = try Fixture(chunkSize: cs)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("tar-like")
+        let cid = try required(f.contentId(ino))
+        var model: [UInt8] = []
+        var g = SplitMix64(seed: 10240)
+        for _ in 0 ..< 3 {                       // 30 KiB: all inside chunk 0
+            let record = g.bytes(10240)
+            try f.write(ino, h, at: UInt64(model.count), record)
+            model += record
+        }
+        #expect(try f.store.chunkIndices(file: cid).isEmpty, "nothing sealed while the chunk is still being appended to")
+        #expect(try f.fs.getattr(ino).size == UInt64(model.count))
+        #expect(try f.fs.getattr(ino).blocks == UInt64(model.count / 512), "the buffered chunk counts as stored")
+        // A read of the tail sees it (and seals it).
+        #expect(try f.fs.read(ino, handle: h, offset: 0, size: model.count) == model)
+        #expect(try f.store.chunkIndices(file: cid) == [0])
+        // Appending again re-opens chunk 0 into the buffer, then moves on to chunk 1.
+        for _ in 0 ..< 4 {
+            let record = g.bytes(10240)
+            try f.write(ino, h, at: UInt64(model.count), record)
+            model += record
+        }
+        // A write elsewhere seals the tail first, then goes through the normal path.
+        let patch = g.bytes(100)
+        try f.write(ino, h, at: 5, patch)
+        model.replaceSubrange(5 ..< 105, with: patch)
+        let more = g.bytes(3000)
+        try f.write(ino, h, at: UInt64(model.count), more)
+        model += more
+        // Truncation below the tail seals it first.
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(model.count - 1000)), handle: h, caller: caller)
+        model.removeLast(1000)
+        let last = g.bytes(500)
+        try f.write(ino, h, at: UInt64(model.count), last)
+        model += last
+        #expect(try f.fs.read(ino, handle: h, offset: 0, size: model.count + 1) == model)
+        // Close seals it; the group commit makes it durable.
+        f.fs.release(ino, handle: h)
+        #expect(try f.store.chunkIndices(file: cid) == [0, 1, 2])
+        try f.crashAndRemount()
+        #expect(try f.contents(ino) == model)
+        #expect(try f.fs.getattr(ino).blocks == UInt64((model.count + 511) / 512))
+    }
+
+    @Test func groupCommitSealsTheTailOfAnOpenFile() throws {
+        let f = try Fixture(chunkSize: 32768)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("open")
+        try f.write(ino, h, at: 0, b("written, not closed"))
+        try f.fs.fsync(ino, handle: h, dataOnly: false)
+        // A crash now (the handle never closed) keeps what fsync made durable.
+        try f.crashAndRemount()
+        #expect(try f.contents(ino) == b("written, not closed"))
+    }
+
+    @Test func randomSmallWritesMatchAModel() throws {
+        let cs = 4096
+        let f = try Fixture(chunkSize: cs)
+        defer { f.cleanup() }
+        let (ino, h) = try f.create("model")
+        var model: [UInt8] = []
+        var g = SplitMix64(seed: 0x7A11)
+        for step in 0 ..< 400 {
+            switch Int.random(in: 0 ..< 20, using: &g) {
+            case 0:
+                let size = Int.random(in: 0 ... model.count + cs, using: &g)
+                _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(size)), handle: h, caller: caller)
+                if size < model.count { model.removeSubrange(size...) } else { model += [UInt8](repeating: 0, count: size - model.count) }
+            case 1:
+                #expect(try f.fs.read(ino, handle: h, offset: 0, size: model.count + 10) == model, "step \(step)")
+            case 2:
+                try f.fs.commit()
+            case 3, 4:
+                let offset = Int.random(in: 0 ... max(0, model.count), using: &g)
+                let data = g.bytes(Int.random(in: 1 ... 300, using: &g))
+                try f.write(ino, h, at: UInt64(offset), data)
+                if model.count < offset + data.count { model += [UInt8](repeating: 0, count: offset + data.count - model.count) }
+                model.replaceSubrange(offset ..< offset + data.count, with: data)
+            default:
+                let data = g.bytes(Int.random(in: 1 ... 1500, using: &g))
+                try f.write(ino, h, at: UInt64(model.count), data)
+                model += data
+            }
+        }
+        #expect(try f.fs.read(ino, handle: h, offset: 0, size: model.count + 10) == model)
+        f.fs.release(ino, handle: h)
+        try f.remount()
+        #expect(try f.contents(ino) == model)
+    }
+}

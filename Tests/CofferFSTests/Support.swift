@@ -60,7 +60,7 @@ final class Fixture {
     /// A "crash": commit what is pending (as the group committer would have), then forget the
     /// filesystem without any release or shutdown, and mount a new one over a new store.
     func crashAndRemount(options: CofferFileSystem.Options = .init()) throws {
-        try store.commit()
+        try fs.commit()
         store = try EntityStore.open(at: storePath, keys: keys, readOnly: options.readOnly)
         fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
         open = true
