@@ -99,9 +99,10 @@ public final class FUSEMount: @unchecked Sendable {
 
     /// Mounts, serves (multi-threaded unless `singleThreaded`) and blocks until unmounted (fusermount3 -u),
     /// SIGINT/SIGTERM/SIGHUP or `requestExit()`. `onReady` is called once, from another thread, once a stat(2) of
-    /// the mountpoint has been answered by this session. On return the mountpoint is unmounted, the session
-    /// destroyed and `shutdown()` called.
-    public func run(onReady: @escaping @Sendable () -> Void) throws {
+    /// the mountpoint has been answered by this session. `onStopping` is called once the loop has ended (unmount
+    /// begins; the service manager hears STOPPING=1 before the final commit). On return the mountpoint is
+    /// unmounted, the session destroyed and `shutdown()` called.
+    public func run(onReady: @escaping @Sendable () -> Void, onStopping: (@Sendable () -> Void)? = nil) throws {
         let canStart = state.withLock { s -> Bool in
             guard s.phase == .idle else { return false }
             s.phase = .starting
@@ -217,6 +218,7 @@ public final class FUSEMount: @unchecked Sendable {
         }
         // Stop answering, then unmount and destroy (deferred above), which calls shutdown.
         state.withLock { $0.phase = .finished; $0.session = nil }
+        onStopping?()
         if result < 0 {
             logger.error("FUSE loop failed", metadata: ["error": "\(String(cString: strerror(-result)))"])
         } else if result > 0 {

@@ -11,7 +11,9 @@ enum Daemonizer {
     static let secretFD: Int32 = 3
     static let readyFD: Int32 = 4
 
-    static func startInBackground(secret: SecretOptions, arguments: [String]) throws {
+    /// Returns the daemon's pid once its mount answers.
+    @discardableResult
+    static func startInBackground(secret: SecretOptions, arguments: [String]) throws -> pid_t {
         var args = arguments + ["--ready-fd", String(readyFD)]
         if let p = secret.passfile { args += ["--passfile", p] }
         if let e = secret.extpass { args += ["--extpass", e] }
@@ -58,7 +60,7 @@ enum Daemonizer {
         }
         let reply = readAll(readyPipe[0])
         close(readyPipe[0])
-        if reply.hasPrefix("OK") { return }
+        if reply.hasPrefix("OK") { return pid }
         if reply.hasPrefix("ERR ") {
             let rest = reply.dropFirst(4)
             let parts = rest.split(separator: " ", maxSplits: 1)

@@ -18,13 +18,21 @@ struct MountCommand: ParsableCommand {
             default_permissions (always on), debug, auto_unmount, nonempty, plain_symlinks (store absolute
             symlink targets inside the mount as given), writeback_cache, and the mount flags noatime, nodev,
             nosuid, noexec (and their opposites).
+            --config FILE reads container, mountpoint, password source and options from FILE (`key = value`
+            lines: container, mountpoint, passfile, keyfile, extpass, credential, options; relative paths
+            are relative to FILE's directory). The coffer@NAME user service runs
+            `coffer mount -f --config ~/.config/coffer/NAME.conf`. Under a service manager (NOTIFY_SOCKET)
+            it reports READY=1 once the mount answers, STOPPING=1 when unmounting, and pings WATCHDOG=1.
             """)
 
-    @Argument(help: "The container directory.")
-    var container: String
+    @Argument(help: "The container directory (or give --config).")
+    var container: String?
 
-    @Argument(help: "The mountpoint: an existing empty directory.")
-    var mountpoint: String
+    @Argument(help: "The mountpoint: an existing empty directory (or give --config).")
+    var mountpoint: String?
+
+    @Option(name: .customLong("config"), help: "Read container, mountpoint, password source and options from FILE.")
+    var config: String?
 
     @OptionGroup var secret: SecretOptions
 
@@ -34,8 +42,8 @@ struct MountCommand: ParsableCommand {
     @Option(name: .customShort("o"), parsing: .singleValue, help: "Mount options, comma-separated (see above).")
     var options: [String] = []
 
-    @Option(help: "Log level: error, warning, info, debug.")
-    var logLevel: String = "info"
+    @Option(help: "Log level: trace, debug, info, notice, warning, error (file names appear only at debug and trace).")
+    var logLevel: String = Logging.defaultLevel
 
     @Flag(help: "Mount even if the store is older than the newest this machine has seen (a rollback).")
     var allowRollback = false
@@ -43,61 +51,124 @@ struct MountCommand: ParsableCommand {
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
+    func validate() throws {
+        guard Logging.levels.contains(logLevel.lowercased()) else {
+            throw ValidationError("unknown log level \"\(logLevel)\" (known: \(Logging.levels.joined(separator: ", ")))")
+        }
+        if config != nil {
+            guard container == nil, mountpoint == nil else { throw ValidationError("give either --config FILE or CONTAINER MOUNTPOINT, not both") }
+        } else {
+            guard container != nil else { throw ValidationError("missing CONTAINER (or --config FILE)") }
+            guard mountpoint != nil else { throw ValidationError("missing MOUNTPOINT") }
+        }
+    }
+
+    /// What to mount, from the arguments or the config file; the config's options come before `-o`'s.
+    struct Target {
+        var container: String
+        var mountpoint: String
+        var options: [String]
+        var secret: SecretOptions
+    }
+
+    func target() throws -> Target {
+        guard let config else {
+            return Target(container: container ?? "", mountpoint: mountpoint ?? "", options: options, secret: secret)
+        }
+        let c = try ServiceConfig.load(config)
+        var s = secret
+        if c.passfile != nil || c.keyfile != nil || c.extpass != nil, s.isGiven {
+            throw CLIFailure(message: "the password source is given both in \(config) and on the command line", code: 64)
+        }
+        if s.passfile == nil { s.passfile = c.passfile }
+        if s.keyfile == nil { s.keyfile = c.keyfile }
+        if s.extpass == nil { s.extpass = c.extpass }
+        return Target(container: c.container, mountpoint: c.mountpoint, options: (c.options.map { [$0] } ?? []) + options, secret: s)
+    }
+
     func run() throws {
+        // Read before anything starts a program: they must not inherit the manager's socket.
+        let notifier = ServiceNotifier.fromEnvironment()
+        let t: Target
+        do { t = try target() } catch let f as CLIFailure {
+            printErr("coffer: \(f.message)")
+            notifier?.status("Refused: \(f.message)")
+            throw ExitCode(f.code)
+        }
         var opts = MountOptionSet()
-        do { for o in options { try opts.parse(o) } } catch let f as CLIFailure {
+        do { for o in t.options { try opts.parse(o) } } catch let f as CLIFailure {
             printErr("coffer: \(f.message)"); throw ExitCode(f.code)
         }
-        var secretOptions = secret
+        var secretOptions = t.secret
         if secretOptions.passfile == nil { secretOptions.passfile = opts.passfile }
         if secretOptions.extpass == nil { secretOptions.extpass = opts.extpass }
         if secretOptions.keyfile == nil { secretOptions.keyfile = opts.keyfile }
         if allowRollback { opts.allowRollback = true }
         if foreground || readyFD != nil {
-            try runDaemon(options: opts, secret: secretOptions)
+            try runDaemon(target: t, options: opts, secret: secretOptions, notifier: notifier)
         } else {
-            try reportingFailures { try Daemonizer.startInBackground(secret: secretOptions, arguments: backgroundArguments(opts)) }
+            notifier?.status("Starting the mount daemon")
+            try reportingFailures {
+                let pid = try Daemonizer.startInBackground(secret: secretOptions, arguments: backgroundArguments(t))
+                // The daemon is another process: the manager must watch it, not this launcher.
+                notifier?.ready(mainPid: pid, status: "Mounted \(Container.absolutePath(t.container)) on \(Container.absolutePath(t.mountpoint))")
+            }
         }
     }
 
     /// The arguments for the background daemon: everything but the secret, which goes through a pipe.
-    func backgroundArguments(_ opts: MountOptionSet) -> [String] {
-        var args = ["mount", Container.absolutePath(container), Container.absolutePath(mountpoint), "--log-level", logLevel]
+    func backgroundArguments(_ t: Target) -> [String] {
+        var args = ["mount", Container.absolutePath(t.container), Container.absolutePath(t.mountpoint), "--log-level", logLevel]
         if allowRollback { args.append("--allow-rollback") }
-        for o in options { args += ["-o", o] }
+        for o in t.options { args += ["-o", o] }
         return args
     }
 
-    func runDaemon(options opts: MountOptionSet, secret: SecretOptions) throws {
+    func runDaemon(target t: Target, options opts: MountOptionSet, secret: SecretOptions, notifier: ServiceNotifier?) throws {
         let ready = readyFD.map(ReadyPipe.init)
         let logger = Logging.makeLogger(level: opts.debug ? "debug" : logLevel, toSyslog: ready != nil)
+        // Systemd counts watchdog time from the start: ping while unlocking too, then check the mount.
+        let health = MountHealth()
+        notifier?.startWatchdog { health.isHealthy() }
         do {
-            let mount = try prepare(options: opts, secret: secret, logger: logger)
+            let mount = try prepare(target: t, options: opts, secret: secret, logger: logger, notifier: notifier)
+            let where_ = "\(mount.containerRoot) on \(mount.mountpoint)"
             try mount.run(onReady: {
-                logger.info("mounted \(mount.containerRoot) on \(mount.mountpoint)")
+                health.watch(mount.mountpoint)
+                logger.notice("mounted \(where_)")
+                notifier?.ready(status: "Mounted \(where_)")
                 ready?.succeed()
+            }, onStopping: {
+                logger.info("unmounting \(mount.mountpoint): committing and closing the store")
+                notifier?.stopping(status: "Unmounting \(mount.mountpoint)")
             })
-            logger.info("unmounted \(mount.mountpoint)")
             mount.finish()
+            logger.notice("unmounted \(mount.mountpoint)")
         } catch {
             let failure = CLIFailure.from(error)
-            logger.error("mount failed: \(failure.message)")
-            if let ready { ready.fail(failure) } else { printErr("coffer: \(failure.message)") }
+            notifier?.stopWatchdog()
+            notifier?.status("Refused: \(failure.message)")
+            // One line: the log (stderr or syslog), plus the launcher's own line in daemon mode.
+            logger.error("mount refused: \(failure.message)")
+            ready?.fail(failure)
             throw ExitCode(failure.code)
         }
     }
 
-    func prepare(options opts: MountOptionSet, secret: SecretOptions, logger: Logger) throws -> PreparedMount {
-        let c = try Container.open(at: container)
-        let mnt = Container.absolutePath(mountpoint)
+    func prepare(target t: Target, options opts: MountOptionSet, secret: SecretOptions, logger: Logger, notifier: ServiceNotifier?) throws -> PreparedMount {
+        notifier?.status("Opening the container \(Container.absolutePath(t.container))")
+        let c = try Container.open(at: t.container)
+        let mnt = Container.absolutePath(t.mountpoint)
         try Mountpoint.check(mnt, allowNonEmpty: opts.nonempty)
         let lock = try ContainerLock(root: c.root)
+        notifier?.status("Unlocking the container")
         let s = try secret.secret()
         let unlocked: (keys: ContainerKeys, slotId: String)
         do { unlocked = try c.unlock(s) } catch { s.bytes.wipe(); throw error }
         s.bytes.wipe()
         let keys = unlocked.keys
         do {
+            notifier?.status("Opening the store")
             let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: opts.readOnly)
             try checkRollback(store: store, containerId: c.header.containerId, allow: opts.allowRollback, logger: logger)
             var fsOptions = CofferFileSystem.Options()
@@ -110,6 +181,7 @@ struct MountCommand: ParsableCommand {
                 throw CLIFailure(message: "the container's store is damaged: the root directory does not open", code: ExitStatus.storeDamaged)
             }
             let fuse: FUSEMount
+            notifier?.status("Mounting on \(mnt)")
             do {
                 fuse = try FUSEMount(filesystem: fs, mountpoint: mnt, options: opts.fuseOptions(fsName: c.root), logger: logger)
             } catch {
@@ -157,14 +229,38 @@ final class PreparedMount: @unchecked Sendable {
         self.fuse = fuse; self.fs = fs; self.keys = keys; self.lock = lock; self.containerRoot = containerRoot; self.mountpoint = mountpoint
     }
 
-    func run(onReady: @escaping @Sendable () -> Void) throws {
-        do { try fuse.run(onReady: onReady) } catch {
+    func run(onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) throws {
+        do { try fuse.run(onReady: onReady, onStopping: onStopping) } catch {
             keys.wipe()
             throw CLIFailure(message: "\(error)", code: ExitStatus.mountFailed)
         }
     }
 
     func finish() { keys.wipe() }
+}
+
+/// The watchdog's check: once mounted, a statvfs (never answered from the kernel's cache) must reach
+/// our session and the mountpoint must still be our filesystem. Before the mount exists, startup is
+/// bounded by the manager's start timeout instead.
+final class MountHealth: @unchecked Sendable {
+    private let lock = NSLock()
+    private var mountpoint: String?
+    private var device: UInt?
+
+    func watch(_ path: String) {
+        var st = stat()
+        let dev: UInt? = stat(path, &st) == 0 ? UInt(st.st_dev) : nil
+        lock.lock(); mountpoint = path; device = dev; lock.unlock()
+    }
+
+    func isHealthy() -> Bool {
+        lock.lock(); let path = mountpoint, dev = device; lock.unlock()
+        guard let path else { return true }
+        var vfs = statvfs()
+        guard statvfs(path, &vfs) == 0 else { return false }
+        var st = stat()
+        return stat(path, &st) == 0 && UInt(st.st_dev) == dev
+    }
 }
 
 enum Mountpoint {

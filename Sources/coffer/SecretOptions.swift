@@ -61,7 +61,9 @@ enum SecretReader {
         process.arguments = ["-c", command]
         let pipe = Pipe()
         process.standardOutput = pipe
-        process.standardInput = FileHandle.nullDevice
+        // A terminal stays the command's stdin (systemd-ask-password and pinentry prompt on it); anything
+        // else is not the command's to read.
+        process.standardInput = isatty(0) != 0 ? FileHandle.standardInput : FileHandle.nullDevice
         do { try process.run() } catch { throw fail("cannot run --extpass command: \(error)") }
         let secret = try firstLine(fd: pipe.fileHandleForReading.fileDescriptor, what: "the --extpass command")
         // Drain so the command does not block on a full pipe.
