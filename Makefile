@@ -4,11 +4,11 @@ DESTDIR ?=
 # The toolchain on PATH, else the one this machine kind ships in /opt/swift.
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
 RUNTIME_DEBS = fuse3 libfuse3-dev libssl-dev libargon2-dev libsqlite3-dev pkg-config
-TEST_DEBS = attr rsync sqlite3 git python3 util-linux
+TEST_DEBS = attr rsync sqlite3 git python3 util-linux systemd man-db
 BENCH_DEBS = gocryptfs fio python3
 DEMO_DIR ?= /tmp/coffer-demo
 
-.PHONY: all deps test-deps bench-deps build release demo test bench clean
+.PHONY: all deps test-deps bench-deps build release demo test bench clean install uninstall man
 
 all: build
 
@@ -59,3 +59,38 @@ bench: release bench-deps
 
 clean:
 	rm -rf .build
+
+# Installed files (DESTDIR and PREFIX honoured). BIN=path installs an existing binary instead of a
+# release build (the tests install the debug build into a temporary DESTDIR).
+BIN ?=
+UNIT_DIR = $(PREFIX)/lib/systemd/user
+DOC_DIR = $(PREFIX)/share/doc/coffer
+INSTALLED = $(PREFIX)/bin/coffer $(UNIT_DIR)/coffer@.service $(DOC_DIR)/example.conf $(DOC_DIR)/systemd.md \
+	$(PREFIX)/share/bash-completion/completions/coffer $(PREFIX)/share/zsh/site-functions/_coffer \
+	$(PREFIX)/share/fish/vendor_completions.d/coffer.fish $(PREFIX)/share/man/man1/coffer.1
+
+install:
+	@set -e; bin="$(BIN)"; \
+	if [ -z "$$bin" ]; then $(MAKE) release; bin=$$($(SWIFT) build -c release --show-bin-path)/coffer; fi; \
+	install -D -m 755 "$$bin" "$(DESTDIR)$(PREFIX)/bin/coffer"; \
+	install -d "$(DESTDIR)$(UNIT_DIR)"; \
+	sed 's#/usr/local/bin/coffer#$(PREFIX)/bin/coffer#' Systemd/coffer@.service > "$(DESTDIR)$(UNIT_DIR)/coffer@.service"; \
+	chmod 644 "$(DESTDIR)$(UNIT_DIR)/coffer@.service"; \
+	install -D -m 644 Systemd/example.conf "$(DESTDIR)$(DOC_DIR)/example.conf"; \
+	install -D -m 644 Systemd/README.md "$(DESTDIR)$(DOC_DIR)/systemd.md"; \
+	install -d "$(DESTDIR)$(PREFIX)/share/bash-completion/completions" "$(DESTDIR)$(PREFIX)/share/zsh/site-functions" \
+		"$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d"; \
+	"$$bin" --generate-completion-script bash > "$(DESTDIR)$(PREFIX)/share/bash-completion/completions/coffer"; \
+	"$$bin" --generate-completion-script zsh > "$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_coffer"; \
+	"$$bin" --generate-completion-script fish > "$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/coffer.fish"; \
+	install -D -m 644 docs/coffer.1 "$(DESTDIR)$(PREFIX)/share/man/man1/coffer.1"; \
+	for f in $(INSTALLED); do echo "installed $(DESTDIR)$$f"; done
+
+uninstall:
+	@for f in $(INSTALLED); do rm -f "$(DESTDIR)$$f" && echo "removed $(DESTDIR)$$f"; done; \
+	rmdir "$(DESTDIR)$(DOC_DIR)" 2>/dev/null || true
+
+# Regenerates docs/coffer.1 from the command's own help (swift-argument-parser's plugin; works offline).
+man:
+	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug
+	cp .build/plugins/GenerateManual/outputs/coffer/coffer.1 docs/coffer.1

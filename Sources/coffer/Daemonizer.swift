@@ -5,7 +5,7 @@ import Glibc
 /// Starts the mount daemon in the background and waits until the mount answers (or fails), so
 /// that `coffer mount` returns to the shell only with a working mount or one clear error line.
 ///
-/// The daemon is this same program, re-run with `--ready-fd`; a prompted password travels to it
+/// The daemon is this same program, re-run with `--ready-fd`; a prompted or extpass password travels to it
 /// through a pipe (`--secret-fd`), never through argv or the environment.
 enum Daemonizer {
     static let secretFD: Int32 = 3
@@ -16,10 +16,13 @@ enum Daemonizer {
     static func startInBackground(secret: SecretOptions, arguments: [String]) throws -> pid_t {
         var args = arguments + ["--ready-fd", String(readyFD)]
         if let p = secret.passfile { args += ["--passfile", p] }
-        if let e = secret.extpass { args += ["--extpass", e] }
         if let k = secret.keyfile { args += ["--keyfile", k] }
-        // Only a prompted password has to be handed over.
-        let prompted: SecureBytes? = secret.isGiven ? nil : try SecretReader.prompt("Password: ", confirm: false)
+        // A prompted password and an extpass command's answer are handed over: the command runs here,
+        // where the user's terminal is (systemd-ask-password, pinentry), not in the detached daemon.
+        let prompted: SecureBytes?
+        if let e = secret.extpass { prompted = try SecretReader.firstLine(ofCommand: e) } else {
+            prompted = secret.isGiven ? nil : try SecretReader.prompt("Password: ", confirm: false)
+        }
         defer { prompted?.wipe() }
         if prompted != nil { args += ["--secret-fd", String(secretFD)] }
 

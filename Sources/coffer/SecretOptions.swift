@@ -56,24 +56,51 @@ enum SecretReader {
 
     /// Runs the command without putting the password anywhere but its stdout pipe.
     static func firstLine(ofCommand command: String) throws -> SecureBytes {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/sh")
-        process.arguments = ["-c", command]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        // A terminal stays the command's stdin (systemd-ask-password and pinentry prompt on it); anything
-        // else is not the command's to read.
-        process.standardInput = isatty(0) != 0 ? FileHandle.standardInput : FileHandle.nullDevice
-        do { try process.run() } catch { throw fail("cannot run --extpass command: \(error)") }
-        let secret = try firstLine(fd: pipe.fileHandleForReading.fileDescriptor, what: "the --extpass command")
-        // Drain so the command does not block on a full pipe.
-        while (try? pipe.fileHandleForReading.read(upToCount: 65536))??.isEmpty == false {}
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { throw fail("cannot run --extpass command: pipe: \(String(cString: strerror(errno)))") }
+        _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
+        defer { close(fds[0]) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        // A terminal stays the command's stdin (systemd-ask-password and pinentry prompt on it), and the
+        // command stays in our process group, so that it may set the terminal's modes (Foundation's
+        // Process puts it in a group of its own, which the terminal stops with SIGTTOU). Anything that
+        // is not a terminal is not the command's to read.
+        if isatty(0) == 0 { posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0) }
+        posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
+        posix_spawn_file_actions_addclose(&actions, fds[1])
+        let argv: [UnsafeMutablePointer<CChar>?] = ([String](["/bin/sh", "-c", command])).map { strdup($0) } + [nil]
+        defer { for p in argv { free(p) } }
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, "/bin/sh", &actions, nil, argv, environ)
+        close(fds[1])
+        guard rc == 0 else { throw fail("cannot run --extpass command: \(String(cString: strerror(rc)))") }
+        let secret: SecureBytes
+        do { secret = try firstLine(fd: fds[0], what: "the --extpass command") } catch {
+            drainAndWait(fds[0], pid)
+            throw error
+        }
+        let status = drainAndWait(fds[0], pid)
+        guard status == 0 else {
             secret.wipe()
-            throw fail("--extpass command failed with status \(process.terminationStatus)")
+            throw fail("--extpass command failed with status \(status)")
         }
         return secret
+    }
+
+    /// Drains the rest of the command's output (so it does not block on a full pipe) and reaps it.
+    @discardableResult
+    private static func drainAndWait(_ fd: Int32, _ pid: pid_t) -> Int32 {
+        var sink = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = read(fd, &sink, sink.count)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { break }
+        }
+        var st: Int32 = 0
+        while waitpid(pid, &st, 0) < 0 && errno == EINTR {}
+        return (st & 0x7f) == 0 ? (st >> 8) & 0xff : 128 + (st & 0x7f)
     }
 
     /// Reads up to the first newline into locked memory.
