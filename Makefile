@@ -74,7 +74,7 @@ install:
 	if [ -z "$$bin" ]; then $(MAKE) release; bin=$$($(SWIFT) build -c release --show-bin-path)/coffer; fi; \
 	install -D -m 755 "$$bin" "$(DESTDIR)$(PREFIX)/bin/coffer"; \
 	install -d "$(DESTDIR)$(UNIT_DIR)"; \
-	sed 's#/usr/local/bin/coffer#$(PREFIX)/bin/coffer#' Systemd/coffer@.service > "$(DESTDIR)$(UNIT_DIR)/coffer@.service"; \
+	sed -e 's#/usr/local/bin/coffer#$(PREFIX)/bin/coffer#' -e 's#/usr/local/share/doc/coffer#$(DOC_DIR)#' Systemd/coffer@.service > "$(DESTDIR)$(UNIT_DIR)/coffer@.service"; \
 	chmod 644 "$(DESTDIR)$(UNIT_DIR)/coffer@.service"; \
 	install -D -m 644 Systemd/example.conf "$(DESTDIR)$(DOC_DIR)/example.conf"; \
 	install -D -m 644 Systemd/README.md "$(DESTDIR)$(DOC_DIR)/systemd.md"; \
