@@ -14,13 +14,25 @@ enum Logging {
         let journal = JournalStream.isStandardError()
         LoggingSystem.bootstrap { label in
             var h: LogHandler
-            if toSyslog { h = SyslogLogHandler() } else if journal { h = JournalLogHandler() } else { h = StreamLogHandler.standardError(label: label) }
+            if toSyslog { h = SyslogLogHandler() } else if journal { h = JournalLogHandler() } else { h = StderrLogHandler() }
             h.logLevel = lvl
             return h
         }
         var logger = Logger(label: "coffer")
         logger.logLevel = lvl
         return logger
+    }
+
+    /// A damaged entity is met again at every read of it (the kernel retries, readahead): the same
+    /// warning or error is said once per mount, so the log keeps one clear line per problem.
+    static let repeats = RepeatFilter()
+
+    /// The message with its metadata, on one line.
+    static func text(_ event: LogEvent, _ handlerMetadata: Logger.Metadata) -> String {
+        var text = "\(event.message)"
+        let extra = (event.metadata ?? [:]).merging(handlerMetadata) { a, _ in a }
+        if !extra.isEmpty { text += " " + extra.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ") }
+        return text.replacingOccurrences(of: "\n", with: " ")
     }
 
     /// syslog(3) priorities, which the journal also reads from a `<N>` line prefix.
@@ -49,6 +61,38 @@ enum JournalStream {
     }
 }
 
+final class RepeatFilter: @unchecked Sendable {
+    private let lock = NSLock()
+    private var seen: Set<String> = []
+
+    /// False for a warning or error already logged (up to 4096 remembered); lower levels always pass.
+    func admits(_ level: Logger.Level, _ text: String) -> Bool {
+        guard level >= .warning else { return true }
+        lock.lock(); defer { lock.unlock() }
+        if seen.contains(text) { return false }
+        if seen.count >= 4096 { seen.removeAll() }
+        seen.insert(text)
+        return true
+    }
+}
+
+/// A terminal or a file: time, level, message.
+struct StderrLogHandler: LogHandler {
+    var logLevel: Logger.Level = .notice
+    var metadata: Logger.Metadata = [:]
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        let text = Logging.text(event, metadata)
+        guard Logging.repeats.admits(event.level, text) else { return }
+        let time = ISO8601DateFormatter().string(from: Date())
+        FileHandle.standardError.write(Data("\(time) \(event.level) coffer: \(text)\n".utf8))
+    }
+}
+
 struct JournalLogHandler: LogHandler {
     var logLevel: Logger.Level = .notice
     var metadata: Logger.Metadata = [:]
@@ -58,10 +102,9 @@ struct JournalLogHandler: LogHandler {
     }
 
     func log(event: LogEvent) {
-        var text = "\(event.message)"
-        let extra = (event.metadata ?? [:]).merging(metadata) { a, _ in a }
-        if !extra.isEmpty { text += " " + extra.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ") }
-        let line = "<\(Logging.priority(event.level))>" + text.replacingOccurrences(of: "\n", with: " ") + "\n"
+        let text = Logging.text(event, metadata)
+        guard Logging.repeats.admits(event.level, text) else { return }
+        let line = "<\(Logging.priority(event.level))>" + text + "\n"
         FileHandle.standardError.write(Data(line.utf8))
     }
 }
@@ -77,7 +120,8 @@ struct SyslogLogHandler: LogHandler {
     init() { openlog("coffer", LOG_PID, LOG_DAEMON) }
 
     func log(event: LogEvent) {
-        let text = "\(event.message)"
+        let text = Logging.text(event, metadata)
+        guard Logging.repeats.admits(event.level, text) else { return }
         text.withCString { message in
             withVaList([message]) { vsyslog(Logging.priority(event.level), "%s", $0) }
         }

@@ -313,6 +313,30 @@ struct ServiceTests {
         #expect(!debug.contains(sb.password), "the password reached the debug log")
     }
 
+    @Test func damagedEntityIsOneErrorLineWithoutTheFileName() throws {
+        // The integrity tests' container and attack: one bit flipped in a chunk of paged.bin.
+        let w = try IntegrityTests.World("logdamage")
+        defer { w.cleanup() }
+        try w.edit(IntegrityTests.flipOneBit + "flip('chunks', 'file = \(IntegrityTests.pagedFile) AND idx = 4')")
+        let sb = w.sb
+        let child = try ServiceChild(["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile], environment: [:])
+        defer { child.stop() }
+        let up = E2E.wait(30) { E2E.answersAsMount(sb.mnt) }
+        try #require(up, "mount did not come up: \(child.stderr)")
+        let damaged = IntegrityTests.readFile(sb.mnt + "/paged.bin")
+        let eio: Bool
+        if case .failure(let e) = damaged { eio = e.code == EIO } else { eio = false }
+        #expect(eio, "reading the damaged file was not EIO")
+        #expect(child.spawned.signal(SIGTERM))
+        #expect(child.spawned.wait(timeout: 30) == 0, "\(child.stderr)")
+        let lines = child.stderr.split(separator: "\n")
+        let damageLines = lines.filter { $0.contains("damaged") }
+        #expect(damageLines.count == 1, "expected one line about the damage: \(child.stderr)")
+        let errorLines = lines.filter { $0.contains(" error ") }
+        #expect(errorLines.count == 1, "\(child.stderr)")
+        #expect(!child.stderr.contains("paged"), "the file name reached the log at the default level: \(child.stderr)")
+    }
+
     @Test func refusedMountIsOneLine() throws {
         let sb = try Sandbox("logrefused")
         defer { sb.cleanup() }
