@@ -446,6 +446,37 @@ struct ServiceTests {
         #expect(execStart.count == 1, "\(settings)")
     }
 
+    /// The reason the unit leaves NoNewPrivileges off, shown rather than claimed: an unprivileged user
+    /// mounts through the setuid fusermount3, and with no_new_privs the same mount fails. Runs in a
+    /// private mount namespace (this machine's /dev/fuse is root's only: the namespace gets a
+    /// world-usable node of its own), so nothing outside sees either mount.
+    @Test(.enabled(if: E2E.isRoot && E2E.which("unshare") != nil && E2E.which("setpriv") != nil, "needs root, unshare and setpriv"))
+    func noNewPrivilegesBreaksAnUnprivilegedMount() throws {
+        let sb = try Sandbox("nnp")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        try #require(chmod(sb.root, 0o755) == 0)
+        for p in [sb.container, sb.mnt, sb.passfile] { try #require(E2E.run("/bin/chown", ["-R", "65534:65534", p]).ok) }
+        let user = "setpriv --reuid=65534 --regid=65534 --clear-groups"
+        let mount = "\(E2E.coffer) mount \(sb.container) \(sb.mnt) --passfile \(sb.passfile)"
+        let script = """
+            mknod \(sb.root)/fuse c 10 229 && chmod 666 \(sb.root)/fuse && mount --bind \(sb.root)/fuse /dev/fuse || exit 90
+            export COFFER_STATE_DIR=\(sb.root)/state
+            trap '\(E2E.coffer) unmount \(sb.mnt) >/dev/null 2>&1' EXIT
+            \(user) \(mount); echo "plain status $?"
+            grep -q " \(sb.mnt) fuse.coffer " /proc/mounts && echo "plain mounted"
+            \(E2E.coffer) unmount \(sb.mnt) || exit 91
+            \(user) --no-new-privs \(mount); echo "nnp status $?"
+            grep -q " \(sb.mnt) fuse.coffer " /proc/mounts && echo "nnp mounted"
+            exit 0
+            """
+        let r = E2E.run(E2E.which("unshare") ?? "unshare", ["-m", "--propagation", "private", "/bin/sh", "-c", script], timeout: 120)
+        #expect(r.ok, "\(r)")
+        #expect(r.stdout.contains("plain status 0") && r.stdout.contains("plain mounted"), "an unprivileged mount failed without no_new_privs: \(r)")
+        #expect(r.stdout.contains("nnp status 16") && !r.stdout.contains("nnp mounted"), "a mount under no_new_privs did not fail: \(r)")
+        #expect(!E2E.isMounted(sb.mnt), "a mount leaked out of the private namespace")
+    }
+
     // MARK: make install / uninstall
 
     @Test(.enabled(if: E2E.which("make") != nil, "make is missing"))
@@ -458,7 +489,7 @@ struct ServiceTests {
                      "/usr/share/zsh/site-functions/_coffer", "/usr/share/fish/vendor_completions.d/coffer.fish",
                      "/usr/share/man/man1/coffer.1"]
         let make = ["-C", repositoryRoot, "--no-print-directory", "DESTDIR=\(dest)", "PREFIX=/usr", "BIN=\(E2E.coffer)"]
-        let i = E2E.run("/usr/bin/make", make + ["install"], timeout: 120)
+        let i = E2E.run(E2E.which("make") ?? "make", make + ["install"], timeout: 120)
         try #require(i.ok, "\(i)")
         for f in files {
             let size = E2E.statOf(dest + f).map { Int($0.st_size) } ?? -1
@@ -472,7 +503,7 @@ struct ServiceTests {
         #expect((E2E.readText(dest + "/usr/share/bash-completion/completions/coffer") ?? "").contains("mount"))
         #expect((E2E.readText(dest + "/usr/share/zsh/site-functions/_coffer") ?? "").contains("#compdef coffer"))
 
-        let u = E2E.run("/usr/bin/make", make + ["uninstall"], timeout: 120)
+        let u = E2E.run(E2E.which("make") ?? "make", make + ["uninstall"], timeout: 120)
         #expect(u.ok, "\(u)")
         let left = files.filter { E2E.lstatOf(dest + $0) != nil }
         #expect(left.isEmpty, "left after make uninstall: \(left)")
@@ -484,7 +515,7 @@ struct ServiceTests {
         let sb = try Sandbox("installverify")
         defer { sb.cleanup() }
         let prefix = sb.root + "/prefix"
-        let i = E2E.run("/usr/bin/make", ["-C", repositoryRoot, "--no-print-directory", "PREFIX=\(prefix)", "BIN=\(E2E.coffer)", "install"], timeout: 120)
+        let i = E2E.run(E2E.which("make") ?? "make", ["-C", repositoryRoot, "--no-print-directory", "PREFIX=\(prefix)", "BIN=\(E2E.coffer)", "install"], timeout: 120)
         try #require(i.ok, "\(i)")
         var env = ProcessInfo.processInfo.environment
         env["MANPATH"] = prefix + "/share/man"
@@ -492,7 +523,7 @@ struct ServiceTests {
         #expect(r.ok, "\(r)")
         let complaints = r.stderrLines.filter { $0.contains("coffer") }
         #expect(complaints.isEmpty, "\(complaints)")
-        let u = E2E.run("/usr/bin/make", ["-C", repositoryRoot, "--no-print-directory", "PREFIX=\(prefix)", "uninstall"], timeout: 120)
+        let u = E2E.run(E2E.which("make") ?? "make", ["-C", repositoryRoot, "--no-print-directory", "PREFIX=\(prefix)", "uninstall"], timeout: 120)
         #expect(u.ok, "\(u)")
     }
 }
