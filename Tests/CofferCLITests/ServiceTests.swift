@@ -25,16 +25,20 @@ final class NotifyListener: @unchecked Sendable {
         guard fd >= 0 else { throw Sandbox.SandboxError("socket: \(errno)") }
         var addr = sockaddr_un()
         addr.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
+        var bytes = Array(path.utf8)
         guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else { throw Sandbox.SandboxError("socket path too long") }
+        // "@name" is an abstract socket: a leading NUL, and the address is exactly the name's bytes.
+        let abstract = bytes.first == UInt8(ascii: "@")
+        if abstract { bytes[0] = 0 }
         withUnsafeMutableBytes(of: &addr.sun_path) { raw in for (i, b) in bytes.enumerated() { raw[i] = b } }
+        let length = abstract ? socklen_t(2 + bytes.count) : socklen_t(MemoryLayout<sockaddr_un>.size)
         let rc = withUnsafePointer(to: &addr) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
         }
         guard rc == 0 else { close(fd); throw Sandbox.SandboxError("bind \(path): \(errno)") }
     }
 
-    deinit { close(fd); unlink(path) }
+    deinit { close(fd); if !path.hasPrefix("@") { unlink(path) } }
 
     /// The next datagram, or nil after `timeout` seconds.
     func next(timeout: Double) -> String? {
@@ -148,7 +152,8 @@ struct ServiceTests {
         let sb = try Sandbox("notifyumount")
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
-        let listener = try NotifyListener(path: sb.root + "/notify.sock")
+        // An abstract socket this time (systemd's user manager may use either form).
+        let listener = try NotifyListener(path: "@coffer-test-\(UUID().uuidString)")
         let child = try ServiceChild(["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile], environment: ["NOTIFY_SOCKET": listener.path])
         defer { child.stop() }
         var ready = false
