@@ -149,7 +149,7 @@ struct MountCommand: ParsableCommand {
             notifier?.stopWatchdog()
             notifier?.status("Refused: \(failure.message)")
             // One line: the log (stderr or syslog), plus the launcher's own line in daemon mode.
-            logger.error("mount refused: \(failure.message)")
+            if health.hasMounted { logger.error("mount ended with an error: \(failure.message)") } else { logger.error("mount refused: \(failure.message)") }
             ready?.fail(failure)
             throw ExitCode(failure.code)
         }
@@ -251,6 +251,12 @@ final class MountHealth: @unchecked Sendable {
         var st = stat()
         let dev: UInt? = stat(path, &st) == 0 ? UInt(st.st_dev) : nil
         lock.lock(); mountpoint = path; device = dev; lock.unlock()
+    }
+
+    /// True once the mount has answered (READY).
+    var hasMounted: Bool {
+        lock.lock(); defer { lock.unlock() }
+        return mountpoint != nil
     }
 
     func isHealthy() -> Bool {
