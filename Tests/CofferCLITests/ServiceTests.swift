@@ -167,6 +167,40 @@ struct ServiceTests {
         #expect(child.spawned.wait(timeout: 30) == 0, "\(child.stderr)")
     }
 
+    /// The pings check the mount: with a tmpfs mounted over the mountpoint the daemon still runs,
+    /// but its mount no longer answers there, and the pings stop (the manager would restart it).
+    @Test(.enabled(if: E2E.isRoot, "mounting a tmpfs needs root"))
+    func watchdogPingsStopWhenTheMountNoLongerAnswers() throws {
+        let sb = try Sandbox("watchdog")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let listener = try NotifyListener(path: sb.root + "/notify.sock")
+        let child = try ServiceChild(["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile],
+                                     environment: ["NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "200000"])
+        defer { child.stop() }
+        var ready = false
+        while !ready, let m = listener.next(timeout: 30) { ready = m.split(separator: "\n").contains("READY=1") }
+        try #require(ready, "no READY=1: \(child.stderr)")
+        let over = E2E.run("/bin/mount", ["-t", "tmpfs", "-o", "size=1m", "tmpfs", sb.mnt])
+        try #require(over.ok, "\(over)")
+        defer { if E2E.mountEntry(at: sb.mnt)?.type == "tmpfs" { E2E.run("/bin/umount", [sb.mnt]) } }
+        // Drain pings already under way, then listen for a few periods.
+        while listener.next(timeout: 0.3) != nil {}
+        var pings = 0
+        let quiet = Date().addingTimeInterval(1.0)
+        while Date() < quiet { if listener.next(timeout: 0.1) == "WATCHDOG=1" { pings += 1 } }
+        #expect(pings == 0, "\(pings) pings while the mountpoint showed another filesystem")
+        #expect(child.spawned.isRunning, "the daemon ended: \(child.stderr)")
+        // Once the mount answers again, so do the pings.
+        #expect(E2E.run("/bin/umount", [sb.mnt]).ok)
+        var back = false
+        let deadline = Date().addingTimeInterval(5)
+        while !back, Date() < deadline { back = listener.next(timeout: 0.5) == "WATCHDOG=1" }
+        #expect(back, "pings did not come back after the tmpfs went")
+        #expect(child.spawned.signal(SIGTERM))
+        #expect(child.spawned.wait(timeout: 30) == 0, "\(child.stderr)")
+    }
+
     @Test func daemonModeNamesTheDaemonAsMainPid() throws {
         let sb = try Sandbox("notifydaemon")
         defer { sb.cleanup() }
