@@ -46,7 +46,7 @@ final class ChunkMap {
                 if p == 0 { tags = inline }
             } else if let version = storedPages[p] {
                 guard let stored = try store.chunkMapPage(file: file, page: p, version: version) else {
-                    throw .authenticationFailed(kind: .chunkMapPage, entity: "chunk map page \(p) of content \(file) is missing")
+                    throw .authenticationFailed(kind: .chunkMapPage, entity: "chunk map page \(p) of content \(file) (missing)")
                 }
                 tags = stored
             }

@@ -120,8 +120,8 @@ extension CofferFileSystem {
                     let expected = index >= c.first && index - c.first < UInt64(c.tags.count) ? c.tags[Int(index - c.first)] : .hole
                     guard !expected.isHole, ChunkTag(sealed: sealed) == expected else {
                         throw StoreError.authenticationFailed(kind: .contentChunk, entity: expected.isHole
-                            ? "chunk \(index) is stored where the file has a hole"
-                            : "chunk \(index) is not the one the file's chunk map names (an older or foreign copy)")
+                            ? "chunk \(index) of content \(c.id) (stored where the file's chunk map has a hole)"
+                            : "chunk \(index) of content \(c.id) (not the chunk the file's chunk map names: an older or foreign copy)")
                     }
                     seen += 1
                     let start = index * cs
@@ -145,7 +145,7 @@ extension CofferFileSystem {
                 return k.isHole ? n : n + 1
             }
             if seen != wanted {
-                throw StoreError.authenticationFailed(kind: .contentChunk, entity: "\(wanted - seen) chunk(s) of the range were deleted from the container")
+                throw StoreError.authenticationFailed(kind: .contentChunk, entity: "\(wanted - seen) chunk(s) of content \(c.id) (deleted from the container)")
             }
         } catch { throw fsError(error, "inode \(c.ino), content \(c.id)") }
         return output

@@ -15,8 +15,9 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
 
     public var description: String {
         switch self {
-        case let .authenticationFailed(kind, entity): return "\(kind) \(entity) failed authentication (tampered or damaged)"
-        case let .malformed(kind, entity, why): return "\(kind) \(entity) is malformed: \(why)"
+        // Entity descriptions start with their kind ("chunk 3 of content …", "inode …").
+        case let .authenticationFailed(_, entity): return "\(entity) failed authentication (tampered or damaged)"
+        case let .malformed(_, entity, why): return "\(entity) is malformed: \(why)"
         case .unknownKind(let k): return "store names unknown entity kind \"\(k)\" (refusing to open)"
         case let .unknownTransformer(kind, t): return "store names transformer \"\(t)\" for \(kind), which this coffer does not have (refusing to open)"
         case .missingKind(let k): return "store does not declare entity kind \"\(k)\" (refusing to open)"
