@@ -53,6 +53,7 @@ let package = Package(
         .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto"]),
         .testTarget(name: "CofferCheckTests", dependencies: [
             "CofferCheck", "CofferFS", "CofferStore", "CofferCrypto",
+            .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "CofferFUSETests", dependencies: ["CofferFUSE", "CofferFS"]),
