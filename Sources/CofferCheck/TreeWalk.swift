@@ -108,6 +108,7 @@ struct TreeWalk {
                 } else {
                     reached.insert(ino)
                     paths[ino] = label
+                    links[ino] = 0
                 }
             }
         }
