@@ -11,18 +11,17 @@ struct FsckCommand: ParsableCommand {
         commandName: "fsck",
         abstract: "Check a container (unmounted) and optionally repair it.",
         discussion: """
-            Opens and authenticates the header and every entity (inodes, directory entries, xattrs, chunk
-            map pages, content chunks), compares every file's chunks with its chunk map, and walks the tree
-            from the root (unreachable inodes, cycles, entries pointing nowhere, link counts). Each problem
-            is reported with its path when the tree gives one. Refuses a mounted container and holds the
-            container's lock while it runs.
-            --repair (asks on a terminal unless --yes): links unreachable files and files that lost chunks
-            into /lost+found, turns missing or damaged chunks into holes (the report lists the bytes lost),
-            fixes link and chunk counts, rewrites chunk maps, and drops unreferenced chunks and map pages,
-            entries that point nowhere or fail authentication, and inodes that fail authentication.
-            Exit statuses (as fsck(8)): 0 no problems, 1 problems found and all repaired, 4 problems left
-            unrepaired, 8 operational error (no container, wrong password, damaged header, mounted),
-            16 usage error, 32 cancelled by the user.
+            Opens and authenticates the header and every entity (inodes, directory entries, xattrs, chunk map pages, content chunks), compares every file's chunks with its chunk map, and walks the tree from the root (unreachable inodes, cycles, entries pointing nowhere, link counts). Each problem is reported with its path when the tree gives one. Refuses a mounted container and holds the container's lock while it runs.
+
+            --repair (asks on a terminal unless --yes) links unreachable files and files that lost chunks into /lost+found, turns missing or damaged chunks into holes (the report lists the bytes lost), fixes link and chunk counts, rewrites chunk maps, and drops unreferenced chunks and map pages, entries that point nowhere or fail authentication, and inodes that fail authentication. One transaction: an interrupted repair changes nothing.
+
+            Exit statuses (as fsck(8)):
+              0   no problems
+              1   problems found and all repaired
+              4   problems left unrepaired
+              8   operational error (no container, wrong password, damaged header, mounted)
+              16  usage error
+              32  cancelled by the user
             """)
 
     @Argument(help: "The container directory.")
