@@ -80,6 +80,8 @@ struct ContentCheck {
 
         // The rows, in index order, each checked against the map and opened.
         let cipher = try store.keys.fileCipher(contentId: file)
+        // Per-file keys do not outlive their file's check.
+        defer { cipher.wipe() }
         var kept: [UInt64: ChunkTag] = [:]
         var seen = Set<UInt64>()
         var drop: [UInt64] = [], lost: [UInt64] = []

@@ -192,4 +192,22 @@ struct FsckTests {
         #expect(r.status == 8, "\(r)")
         #expect(r.stderr.contains("no such container"), "\(r)")
     }
+
+    @Test func garbageHeaderAndCutStoreAreOperationalErrorsNotCrashes() throws {
+        let (sb, _, _) = try Self.filled("fsckgarbage")
+        defer { sb.cleanup() }
+        let store = sb.container + "/store.db"
+        let header = sb.container + "/coffer.json"
+        let saved = try #require(E2E.read(header))
+        try E2E.write(header, "{ not json")
+        let garbage = fsck(sb)
+        #expect(garbage.status == 8, "\(garbage)")
+        try E2E.write(header, saved)
+
+        let cut = E2E.run("/usr/bin/truncate", ["-s", "20000", store])
+        try #require(cut.ok, "\(cut)")
+        let r = fsck(sb, ["--repair", "--yes"])
+        #expect(r.status == 8 || r.status == 4, "a cut store is an error, never a crash: \(r)")
+        #expect(!r.stderr.contains("Program crashed"), "\(r)")
+    }
 }
