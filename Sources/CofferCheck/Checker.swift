@@ -19,6 +19,8 @@ public final class Checker {
     let progress: ((_ done: Int, _ total: Int) -> Void)?
     var done = 0
     var total = 0
+    /// A chunk row costs about this many metadata rows (it is decrypted): progress counts in these units.
+    static let chunkWeight = 4
 
     public init(store: EntityStore, chunkSize: Int, progress: ((_ done: Int, _ total: Int) -> Void)? = nil) {
         self.store = store; self.chunkSize = chunkSize; self.progress = progress
@@ -37,7 +39,7 @@ public final class Checker {
 
     public func run() throws -> CheckResult {
         let c = try store.counts()
-        total = c.inodes + c.entries + c.chunks + c.xattrs + c.chunkMapPages
+        total = c.inodes + c.entries + Self.chunkWeight * c.chunks + c.xattrs + c.chunkMapPages
         done = 0
         progress?(0, total)
         var problems: [Problem] = []
@@ -192,7 +194,7 @@ public final class Checker {
         counts.chunkMapPages = pageRows.count
         for row in pageRows { pages[row.file, default: [:]][row.page] = row; tick() }
         var owned = Set<UInt64>()
-        var contentCheck = ContentCheck(store: store, chunkSize: chunkSize, tick: { [unowned self] in self.tick() })
+        var contentCheck = ContentCheck(store: store, chunkSize: chunkSize, tick: { [unowned self] in self.tick(Self.chunkWeight) })
         for (id, r) in records.sorted(by: { $0.key < $1.key }) where Self.isRegular(r) && r.contentId != 0 {
             owned.insert(r.contentId)
             if orphans.contains(id) && r.nlink == 0 { continue }
@@ -211,7 +213,7 @@ public final class Checker {
         for s in try store.chunkFileSummaries() where !owned.contains(s.file) {
             unowned[s.file, default: (0, 0)].chunks = s.rows
             counts.chunks += s.rows
-            tick(s.rows)
+            tick(Self.chunkWeight * s.rows)
         }
         for (file, rows) in pages where !owned.contains(file) { unowned[file, default: (0, 0)].pages = rows.count }
         for (file, n) in unowned.sorted(by: { $0.key < $1.key }) {

@@ -55,6 +55,16 @@ struct TreeWalk {
                     dropEntries.append((e.row.parentTag, e.row.tag))
                     continue
                 }
+                if Checker.isDirectory(r), visitedDirectories.contains(target) {
+                    let cycle = target == EntityStore.rootInode || isAncestor(target, of: dir)
+                    problems.append(Problem(cycle ? .cycle : .directoryLinkedTwice, path: childPath, inode: target,
+                                            cycle ? "the entry names a directory above it (a cycle)"
+                                                  : "a second entry for a directory already reached as \(paths[target] ?? "?")",
+                                            repair: "drop this entry"))
+                    dropEntries.append((e.row.parentTag, e.row.tag))
+                    continue
+                }
+                // Only for an entry that stays (a rewrite would bring a dropped one back).
                 let type = r.mode & UInt32(S_IFMT)
                 if e.record.type != type {
                     problems.append(Problem(.entryTypeMismatch, path: childPath, inode: target,
@@ -63,15 +73,6 @@ struct TreeWalk {
                     rewriteEntries.append((dir, DirectoryEntryRecord(name: e.record.name, ino: target, type: type)))
                 }
                 if Checker.isDirectory(r) {
-                    if visitedDirectories.contains(target) {
-                        let cycle = target == EntityStore.rootInode || isAncestor(target, of: dir)
-                        problems.append(Problem(cycle ? .cycle : .directoryLinkedTwice, path: childPath, inode: target,
-                                                cycle ? "the entry names a directory above it (a cycle)"
-                                                      : "a second entry for a directory already reached as \(paths[target] ?? "?")",
-                                                repair: "drop this entry"))
-                        dropEntries.append((e.row.parentTag, e.row.tag))
-                        continue
-                    }
                     visitedDirectories.insert(target)
                     reached.insert(target)
                     parentOf[target] = dir

@@ -29,7 +29,7 @@ final class ProgressBar {
             let left = Int(seconds * Double(total - min(done, total)) / Double(done))
             eta = String(format: "%d:%02d", left / 60, left % 60)
         }
-        let line = "\r\(label) [\(bar)] \(Int(fraction * 100))%  \(done)/\(total) rows  ETA \(eta)"
+        let line = "\r\(label) [\(bar)] \(Int(fraction * 100))%  ETA \(eta) "
         FileHandle.standardError.write(Data(line.utf8))
         drawn = true
     }

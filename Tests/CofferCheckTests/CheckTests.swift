@@ -341,4 +341,51 @@ import Testing
         let data = try fx.contents("/f.txt")
         #expect(data == b("data"))
     }
+
+    @Test func progressCountsUpToTheTotal() throws {
+        let fx = try CheckFixture()
+        defer { fx.cleanup() }
+        var g = SplitMix64(seed: 6)
+        for i in 0 ..< 20 { try fx.file("f\(i)", g.bytes(3 * Self.chunk)) }
+        fx.unmount()
+        var calls: [(done: Int, total: Int)] = []
+        let store = try EntityStore.open(at: fx.storePath, keys: fx.keys, readOnly: true)
+        defer { store.close() }
+        let r = try Checker(store: store, chunkSize: Self.chunk, progress: { calls.append(($0, $1)) }).run()
+        #expect(r.isClean, "\(kinds(r))")
+        let last = try required(calls.last)
+        #expect(last.done == last.total)
+        #expect(last.total == 21 + 20 + Checker.chunkWeight * 60, "inodes, entries and weighted chunks")
+        var previous = 0, ordered = true
+        for c in calls { if c.done < previous { ordered = false }; previous = c.done }
+        #expect(ordered, "progress never goes back")
+        #expect(calls.count > 60, "one report per row at least")
+    }
+
+    @Test func entryTypeMismatchIsRewrittenAndAnExtraDirectoryLinkDropped() throws {
+        let fx = try CheckFixture()
+        defer { fx.cleanup() }
+        let f = try fx.file("f.txt", b("data"))
+        let d = try fx.mkdir("d")
+        fx.unmount()
+        try fx.edit { s in
+            try s.putEntry(parent: rootIno, DirectoryEntryRecord(name: b("f.txt"), ino: f, type: UInt32(S_IFLNK)))
+            // A second name for the directory, with the wrong type too: it goes, and is not rewritten back.
+            try s.putEntry(parent: rootIno, DirectoryEntryRecord(name: b("zz"), ino: d, type: UInt32(S_IFREG)))
+        }
+
+        let r = try fx.check()
+        #expect(has(r, .entryTypeMismatch, path: "/f.txt", inode: f), "\(kinds(r))")
+        #expect(has(r, .directoryLinkedTwice, path: "/zz", inode: d), "\(kinds(r))")
+        try fx.repairAndRecheck(r)
+        try fx.mount()
+        let fs = try fx.mounted
+        let h = try fs.opendir(rootIno, caller: caller)
+        defer { fs.releasedir(rootIno, handle: h) }
+        let entries = try fs.readdir(rootIno, handle: h, offset: 0, limit: 100, plus: false)
+        let types = Dictionary(uniqueKeysWithValues: entries.map { (String(decoding: $0.name, as: UTF8.self), $0.type) })
+        #expect(types["f.txt"] == UInt32(S_IFREG))
+        #expect(types["zz"] == nil)
+        #expect(types["d"] == UInt32(S_IFDIR))
+    }
 }
