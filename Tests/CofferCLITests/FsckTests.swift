@@ -46,6 +46,7 @@ struct FsckTests {
         let r = fsck(sb)
         #expect(r.status == 0, "\(r)")
         #expect(r.stdout.contains("0 problem(s)"), "\(r)")
+        #expect(!r.stderr.contains("checking ["), "no progress bar when stderr is not a terminal: \(r)")
     }
 
     @Test func damagedContainerExitsFourAndNamesThePath() throws {

@@ -388,4 +388,16 @@ import Testing
         #expect(types["zz"] == nil)
         #expect(types["d"] == UInt32(S_IFDIR))
     }
+
+    @Test func lostAndFoundNamesFitAndDoNotCollide() {
+        let plain = Repairer.uniqueName(hint: nil, ino: 42, taken: [])
+        #expect(plain == b("#42"))
+        let kept = Repairer.uniqueName(hint: b("report.pdf"), ino: 42, taken: [])
+        #expect(kept == b("report.pdf#42"))
+        let long = Repairer.uniqueName(hint: [UInt8](repeating: 0x61, count: 255), ino: 42, taken: [])
+        #expect(long.count == 255)
+        #expect(long.suffix(3) == b("#42")[...])
+        let second = Repairer.uniqueName(hint: b("report.pdf"), ino: 42, taken: [b("report.pdf#42")])
+        #expect(second == b("report.pdf#42.1"))
+    }
 }
