@@ -208,11 +208,11 @@ public final class Checker {
                 }
             }
         }
-        counts.chunks = contentCheck.chunkRows
         var unowned: [UInt64: (chunks: Int, pages: Int)] = [:]
-        for s in try store.chunkFileSummaries() where !owned.contains(s.file) {
-            unowned[s.file, default: (0, 0)].chunks = s.rows
+        for s in try store.chunkFileSummaries() {
             counts.chunks += s.rows
+            guard !owned.contains(s.file) else { continue }
+            unowned[s.file, default: (0, 0)].chunks = s.rows
             tick(Self.chunkWeight * s.rows)
         }
         for (file, rows) in pages where !owned.contains(file) { unowned[file, default: (0, 0)].pages = rows.count }

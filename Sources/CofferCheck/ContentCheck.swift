@@ -10,7 +10,6 @@ struct ContentCheck {
     let store: EntityStore
     let chunkSize: Int
     let tick: () -> Void
-    private(set) var chunkRows = 0
     private var scratch: [UInt8]
 
     /// Positions past this are never kept (2^30 chunks: 4 TiB at the smallest chunk size).
@@ -89,7 +88,6 @@ struct ContentCheck {
         var adopted = 0
         var scratch = self.scratch
         try store.forEachChunkRow(file: file) { idx, sealed in
-            chunkRows += 1
             tick()
             guard idx < end else { pastEnd.append(idx); drop.append(idx); return }
             let opens = scratch.withUnsafeMutableBytes { buffer in

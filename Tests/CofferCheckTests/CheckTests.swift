@@ -400,4 +400,18 @@ import Testing
         let second = Repairer.uniqueName(hint: b("report.pdf"), ino: 42, taken: [b("report.pdf#42")])
         #expect(second == b("report.pdf#42.1"))
     }
+
+    @Test func fileUnlinkedWhileOpenIsLeftToTheNextMount() throws {
+        let fx = try CheckFixture()
+        defer { fx.cleanup() }
+        let fs = try fx.mounted
+        let (attr, open) = try fs.create(parent: rootIno, name: b("tmp"), mode: 0o600, flags: O_RDWR, caller: caller)
+        _ = try b("scratch").withUnsafeBytes { try fs.write(attr.ino, handle: open.handle, offset: 0, data: $0) }
+        try fs.unlink(parent: rootIno, name: b("tmp"))
+        try fx.crash()
+
+        let r = try fx.check()
+        #expect(r.isClean, "an orphan the next mount removes is not a problem: \(kinds(r))")
+        #expect(r.counts.chunks == 1, "its content is still there and owned")
+    }
 }

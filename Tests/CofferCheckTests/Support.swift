@@ -85,6 +85,12 @@ final class CheckFixture {
         fs = nil
     }
 
+    /// A daemon killed now: what is committed stays, nothing is released or shut down.
+    func crash() throws {
+        try fs?.commit()
+        fs = nil
+    }
+
     func cleanup() {
         unmount()
         try? FileManager.default.removeItem(atPath: dir)
