@@ -2,8 +2,9 @@ import CofferCrypto
 import CofferStore
 
 /// Writes a file's chunk map from scratch (docs/FORMAT.md, "The chunk map"): up to 8 positions
-/// inline in the inode, else pages of 1024 positions, each sealed with a fresh random version, all-hole
-/// pages not stored. Old page rows of the file go first, so none survives under a stale version.
+/// inline in the inode, else the pages of 1024 positions that hold a tag, each sealed with a fresh
+/// random version and listed in ascending order. Old page rows of the file go first, so none
+/// survives under a stale version.
 enum ChunkMapBuilder {
     static func write(_ tags: [UInt64: ChunkTag], file: UInt64, store: EntityStore) throws -> ChunkMapRoot {
         try store.deleteAllChunkMapRows(file: file)
@@ -15,15 +16,14 @@ enum ChunkMapBuilder {
         let perPage = UInt64(ChunkMapRoot.positionsPerPage)
         var byPage: [UInt64: [UInt64: ChunkTag]] = [:]
         for (i, t) in present { byPage[i / perPage, default: [:]][i % perPage] = t }
-        var versions = [UInt64](repeating: 0, count: Int(last / perPage) + 1)
+        var refs: [ChunkMapPageRef] = []
         for (page, entries) in byPage.sorted(by: { $0.key < $1.key }) {
             guard let top = entries.keys.max() else { continue }
-            let pageTags = (0 ... top).map { entries[$0] ?? .hole }
             let version = try newVersion()
-            try store.putChunkMapPage(file: file, page: page, version: version, tags: pageTags)
-            versions[Int(page)] = version
+            try store.putChunkMapPage(file: file, page: page, version: version, tags: (0 ... top).map { entries[$0] ?? .hole })
+            refs.append(ChunkMapPageRef(page: page, version: version))
         }
-        return .paged(versions)
+        return .paged(refs)
     }
 
     private static func newVersion() throws -> UInt64 {

@@ -12,8 +12,6 @@ struct ContentCheck {
     let tick: () -> Void
     private var scratch: [UInt8]
 
-    /// Positions past this are never kept (2^30 chunks: 4 TiB at the smallest chunk size).
-    static let maxPositions: UInt64 = 1 << 30
     static let perPage = UInt64(ChunkMapRoot.positionsPerPage)
 
     init(store: EntityStore, chunkSize: Int, tick: @escaping () -> Void) {
@@ -33,23 +31,24 @@ struct ContentCheck {
         }
         let cs = UInt64(chunkSize)
         let file = r.contentId
-        let end = min(r.size == 0 ? 0 : (r.size - 1) / cs + 1, Self.maxPositions)
+        let end = r.size == 0 ? 0 : (r.size - 1) / cs + 1
 
         // The map as stored: non-hole positions only (a hostile root cannot make us allocate more
         // than the rows that exist).
         var map: [UInt64: ChunkTag] = [:]
         var lostPages = Set<UInt64>()
         var namedPages = Set<UInt64>()
+        var outOfRange = 0
         switch r.chunkMap {
         case .inline(let tags):
             for (i, t) in tags.enumerated() where !t.isHole { map[UInt64(i)] = t }
-        case .paged(let versions):
-            for (p, v) in versions.enumerated() where v != 0 {
-                let page = UInt64(p)
+        case .paged(let refs):
+            for ref in refs {
+                let page = ref.page
                 namedPages.insert(page)
                 let tags: [ChunkTag]
                 if let row = pages[page] {
-                    do { tags = try store.openChunkMapRow(row, version: v) } catch {
+                    do { tags = try store.openChunkMapRow(row, version: ref.version) } catch {
                         lostPages.insert(page)
                         problem(.chunkMapPageDamaged, "chunk map page \(page) fails authentication against the inode's version",
                                 "keep the chunks of its range that open under the file key, drop the rest, rewrite the map")
@@ -61,19 +60,22 @@ struct ContentCheck {
                             "keep the chunks of its range that open under the file key, drop the rest, rewrite the map")
                     continue
                 }
-                for (i, t) in tags.enumerated() where !t.isHole { map[page * Self.perPage + UInt64(i)] = t }
+                // A page number no position can have (only with the key): its tags are past any size.
+                let (base, overflow) = page.multipliedReportingOverflow(by: Self.perPage)
+                guard !overflow, base <= UInt64.max - Self.perPage else { outOfRange += tags.count; continue }
+                for (i, t) in tags.enumerated() where !t.isHole { map[base + UInt64(i)] = t }
             }
         }
         let extraPages = pages.keys.filter { !namedPages.contains($0) }.sorted()
         if !extraPages.isEmpty {
             problem(.unreferencedMapPage, "map page row(s) \(Self.list(extraPages)) that the inode does not name", "drop them")
         }
-        if lostPages.isEmpty, r.chunkCount != UInt64(map.count) {
-            problem(.chunkCountWrong, "the inode counts \(r.chunkCount) stored chunks, its map names \(map.count)", "set it to the chunks kept")
+        if lostPages.isEmpty, r.chunkCount != UInt64(map.count + outOfRange) {
+            problem(.chunkCountWrong, "the inode counts \(r.chunkCount) stored chunks, its map names \(map.count + outOfRange)", "set it to the chunks kept")
         }
         let beyond = map.keys.filter { $0 >= end }.sorted()
-        if !beyond.isEmpty {
-            problem(.mapPastSize, "the map names chunk position(s) \(Self.list(beyond)) past the size (\(r.size) bytes)",
+        if !beyond.isEmpty || outOfRange > 0 {
+            problem(.mapPastSize, "the map names chunk position(s) \(Self.list(beyond))\(outOfRange > 0 ? " and \(outOfRange) beyond any file" : "") past the size (\(r.size) bytes)",
                     "drop those positions and their rows")
         }
 

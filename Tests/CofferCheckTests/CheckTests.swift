@@ -414,4 +414,30 @@ import Testing
         #expect(r.isClean, "an orphan the next mount removes is not a problem: \(kinds(r))")
         #expect(r.counts.chunks == 1, "its content is still there and owned")
     }
+
+    @Test func sparseFileFarBeyondItsDataChecksAndRepairs() throws {
+        let fx = try CheckFixture()
+        defer { fx.cleanup() }
+        let far = UInt64(3000 * Self.chunk)
+        let ino = try fx.file("sparse.bin", b("head"))
+        try fx.write("/sparse.bin", at: far, b("tail"))
+        try fx.write("/sparse.bin", at: UInt64(20 * Self.chunk), b("middle"))
+        fx.unmount()
+        let clean = try fx.check()
+        #expect(clean.isClean, "pages 0 and 2 only: \(kinds(clean))")
+        #expect(clean.counts.chunkMapPages == 2)
+
+        let file = try required(try fx.edit { try $0.inode(ino)?.contentId })
+        try fx.edit { try $0.execute("DELETE FROM chunks WHERE file = \(Int64(bitPattern: file)) AND idx = 3000") }
+        let r = try fx.check()
+        #expect(has(r, .chunkMissing, path: "/sparse.bin", inode: ino), "\(kinds(r))")
+        let summary = try fx.repairAndRecheck(r)
+        #expect(summary.lostRanges.first?.ranges == [far ..< far + 4])
+        try fx.mount()
+        let read = try fx.contents("/sparse.bin")
+        var expected = [UInt8](repeating: 0, count: Int(far) + 4)
+        expected.replaceSubrange(0 ..< 4, with: b("head"))
+        expected.replaceSubrange(20 * Self.chunk ..< 20 * Self.chunk + 6, with: b("middle"))
+        #expect(read == expected)
+    }
 }
