@@ -34,6 +34,8 @@ let package = Package(
             "CofferStore",
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // Beside CofferFS: `coffer fsck`'s checker and repairer, over the store alone.
+        .target(name: "CofferCheck", dependencies: ["CofferStore", "CofferCrypto"]),
         // Layer 2: libfuse3 low-level adapter.
         .target(name: "CofferFUSE", dependencies: [
             "CofferFS", "CFuse3",
@@ -41,7 +43,7 @@ let package = Package(
         ]),
         // Layer 1: the `coffer` command.
         .executableTarget(name: "coffer", dependencies: [
-            "CofferFUSE", "CofferFS", "CofferStore", "CofferCrypto",
+            "CofferFUSE", "CofferFS", "CofferStore", "CofferCrypto", "CofferCheck",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -49,6 +51,11 @@ let package = Package(
         .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
         .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto"]),
         .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto"]),
+        .testTarget(name: "CofferCheckTests", dependencies: [
+            "CofferCheck", "CofferFS", "CofferStore", "CofferCrypto",
+            .product(name: "GRDB", package: "GRDB.swift"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         .testTarget(name: "CofferFUSETests", dependencies: ["CofferFUSE", "CofferFS"]),
         // Drives the built `coffer` binary: CLI and real FUSE mounts.
         .testTarget(name: "CofferCLITests", dependencies: ["coffer"]),

@@ -186,7 +186,7 @@ public final class EntityStore: @unchecked Sendable {
     // MARK: Writer plumbing
 
     /// Runs `body` on the writer connection inside the open group transaction.
-    private func write<T>(bytes: Int = 0, file: UInt64? = nil, _ body: (Database) throws -> T) throws(StoreError) -> T {
+    func write<T>(bytes: Int = 0, file: UInt64? = nil, _ body: (Database) throws -> T) throws(StoreError) -> T {
         guard !readOnly else { throw .readOnly }
         return try writer { db in
             if !db.isInsideTransaction {
@@ -230,7 +230,7 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     /// Runs `body` on the writer connection (sees uncommitted changes), mapping errors.
-    private func writer<T>(_ body: (Database) throws -> T) throws(StoreError) -> T {
+    func writer<T>(_ body: (Database) throws -> T) throws(StoreError) -> T {
         if let db = currentBatchDatabase() {
             do { return try body(db) } catch let e as StoreError { throw e } catch let e as DatabaseError {
                 if e.resultCode == .SQLITE_FULL { throw .diskFull }

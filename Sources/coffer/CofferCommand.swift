@@ -11,9 +11,11 @@ struct CofferCommand: ParsableCommand {
             directory of plain files. Also usable as `mount -t fuse.coffer CONTAINER DIR -o passfile=FILE`.
             Exit statuses: 0 ok, 1 failure, 10 no container, 11 header refused, 12 wrong password,
             13 store damaged, 14 bad mountpoint, 15 already mounted, 16 mount failed, 17 bad password input,
-            18 store older than last seen (rollback), 64 usage error.
+            18 store older than last seen (rollback), 64 usage error. `coffer fsck` has its own, as fsck(8)
+            (see `coffer fsck --help`).
             """,
-        subcommands: [InitCommand.self, InfoCommand.self, PasswdCommand.self, MountCommand.self, UnmountCommand.self])
+        subcommands: [InitCommand.self, InfoCommand.self, PasswdCommand.self, MountCommand.self, UnmountCommand.self,
+                      FsckCommand.self])
 
     static var subcommandNames: Set<String> {
         Set(configuration.subcommands.compactMap { $0.configuration.commandName }).union(["help", "--help", "-h"])

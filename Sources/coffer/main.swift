@@ -15,4 +15,6 @@ var arguments = Array(CommandLine.arguments.dropFirst())
 if let first = arguments.first, !first.hasPrefix("-"), !CofferCommand.subcommandNames.contains(first) {
     arguments.insert("mount", at: 0)
 }
+// fsck's usage errors exit 16 as fsck(8)'s do.
+if arguments.first == "fsck" { FsckCommand.main(mappingUsageErrors: arguments) }
 CofferCommand.main(arguments)

@@ -1,0 +1,214 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `coffer fsck` on real containers made and filled through a real mount, damaged with sqlite3.
+@Suite("fsck on real containers", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+       .enabled(if: E2E.which("sqlite3") != nil, "sqlite3 is missing"))
+struct FsckTests {
+    /// 7 chunks of 32 KiB (inline map), and a one-chunk file.
+    static func filled(_ label: String) throws -> (Sandbox, big: [UInt8], small: [UInt8]) {
+        let sb = try Sandbox(label)
+        try sb.initAndMount()
+        let big = E2E.randomBytes(200_000), small = E2E.randomBytes(1000)
+        try #require(mkdir(sb.mnt + "/docs", 0o755) == 0)
+        try E2E.write(sb.mnt + "/docs/big.bin", big)
+        try E2E.write(sb.mnt + "/small.bin", small)
+        let u = sb.unmount()
+        try #require(u.ok, "\(u)")
+        return (sb, big, small)
+    }
+
+    /// Deletes chunk 1 of the 7-chunk file, as DeletedChunkTests does.
+    static func deleteChunk(_ sb: Sandbox) throws {
+        let sql = "DELETE FROM chunks WHERE file IN (SELECT file FROM chunks GROUP BY file HAVING count(*) = 7) AND idx = 1;"
+        let edit = E2E.run("/usr/bin/env", ["sqlite3", sb.container + "/store.db", sql])
+        try #require(edit.ok, "\(edit)")
+    }
+
+    /// Every row of the store, as text: equal dumps mean nothing changed.
+    static func dump(_ sb: Sandbox) throws -> String {
+        let r = E2E.run("/usr/bin/env", ["sqlite3", "-readonly", sb.container + "/store.db", ".dump"])
+        try #require(r.ok, "\(r)")
+        return r.stdout
+    }
+
+    func fsck(_ sb: Sandbox, _ extra: [String] = [], passfile: String? = nil) -> RunResult {
+        E2E.coffer(["fsck", sb.container, "--passfile", passfile ?? sb.passfile] + extra, timeout: 120)
+    }
+
+    @Test func cleanContainerExitsZero() throws {
+        let (sb, _, _) = try Self.filled("fsckclean")
+        defer { sb.cleanup() }
+        let r = fsck(sb)
+        #expect(r.status == 0, "\(r)")
+        #expect(r.stdout.contains("0 problem(s)"), "\(r)")
+        #expect(!r.stderr.contains("checking ["), "no progress bar when stderr is not a terminal: \(r)")
+    }
+
+    @Test func damagedContainerExitsFourAndNamesThePath() throws {
+        let (sb, _, _) = try Self.filled("fsckdamaged")
+        defer { sb.cleanup() }
+        try Self.deleteChunk(sb)
+        let r = fsck(sb)
+        #expect(r.status == 4, "\(r)")
+        #expect(r.stdout.contains("chunk-missing: /docs/big.bin"), "\(r)")
+        #expect(r.stdout.contains("32768-65536"), "the unreadable bytes are named: \(r)")
+    }
+
+    @Test func jsonListsTheProblem() throws {
+        let (sb, _, _) = try Self.filled("fsckjson")
+        defer { sb.cleanup() }
+        try Self.deleteChunk(sb)
+        let r = fsck(sb, ["--json"])
+        #expect(r.status == 4, "\(r)")
+        let parsed = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8))
+        let doc = try #require(parsed as? [String: Any], "\(r.stdout)")
+        #expect(doc["status"] as? Int == 4)
+        let problems = try #require(doc["problems"] as? [[String: Any]], "\(r.stdout)")
+        let kinds = problems.compactMap { $0["kind"] as? String }
+        let paths = problems.compactMap { $0["path"] as? String }
+        #expect(kinds == ["chunk-missing"], "\(r.stdout)")
+        #expect(paths == ["/docs/big.bin"], "\(r.stdout)")
+        let counts = try #require(doc["counts"] as? [String: Any], "\(r.stdout)")
+        #expect(counts["chunks"] as? Int == 7, "8 chunks written, one deleted: \(r.stdout)")
+    }
+
+    @Test func repairWithYesFixesAndTheContainerMountsAgain() throws {
+        let (sb, big, small) = try Self.filled("fsckrepair")
+        defer { sb.cleanup() }
+        try Self.deleteChunk(sb)
+        let repair = fsck(sb, ["--repair", "--yes"])
+        #expect(repair.status == 1, "\(repair)")
+        #expect(repair.stdout.contains("bytes lost: 32768-65536"), "\(repair)")
+        let again = fsck(sb)
+        #expect(again.status == 0, "a second fsck after the repair: \(again)")
+
+        let m = sb.mount()
+        try #require(m.ok, "\(m)")
+        #expect(E2E.read(sb.mnt + "/small.bin") == small, "the undamaged file reads back")
+        var expected = big
+        for i in 32768 ..< 65536 { expected[i] = 0 }
+        #expect(E2E.read(sb.mnt + "/docs/big.bin") == expected, "the damaged file keeps its readable chunks; the lost one is zeros")
+        let found = (try? FileManager.default.contentsOfDirectory(atPath: sb.mnt + "/lost+found")) ?? []
+        #expect(found.count == 1 && found.first?.hasPrefix("big.bin#") == true, "\(found)")
+        #expect(sb.unmount().ok)
+    }
+
+    @Test func mountedContainerIsRefusedAndLeftAlone() throws {
+        let sb = try Sandbox("fsckmounted")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/f.txt", "data")
+        // The daemon's group commit and idle checkpoint are done within this.
+        usleep(2_500_000)
+        let before = try Self.dump(sb)
+        let r = fsck(sb, ["--repair", "--yes"])
+        #expect(r.status == 8, "\(r)")
+        #expect(r.stderr.contains("container is mounted (pid"), "\(r)")
+        #expect(r.stderr.contains("unmount it first"), "\(r)")
+        let after = try Self.dump(sb)
+        #expect(before == after, "fsck changed a mounted container")
+        #expect(E2E.readText(sb.mnt + "/f.txt") == "data", "the mount keeps working")
+        #expect(sb.unmount().ok)
+        let clean = fsck(sb)
+        #expect(clean.status == 0, "\(clean)")
+    }
+
+    @Test func wrongPasswordIsAnOperationalError() throws {
+        let (sb, _, _) = try Self.filled("fsckwrongpw")
+        defer { sb.cleanup() }
+        let wrong = sb.root + "/wrong"
+        try E2E.write(wrong, "not-the-password\n")
+        let r = fsck(sb, passfile: wrong)
+        #expect(r.status == 8, "\(r)")
+        #expect(r.stderr.contains("wrong password"), "\(r)")
+    }
+
+    @Test func repairWithoutYesAndWithoutATerminalChangesNothing() throws {
+        let (sb, _, _) = try Self.filled("fscknotty")
+        defer { sb.cleanup() }
+        try Self.deleteChunk(sb)
+        let before = try Self.dump(sb)
+        let r = fsck(sb, ["--repair"])
+        #expect(r.status == 4, "\(r)")
+        #expect(r.stderr.contains("--yes"), "the message says how to repair: \(r)")
+        let after = try Self.dump(sb)
+        #expect(before == after, "nothing may change without confirmation")
+    }
+
+    @Test func answeringNoOnTheTerminalCancels() throws {
+        let python = try #require(E2E.python, "python3 is needed to drive a terminal")
+        let (sb, _, _) = try Self.filled("fsckno")
+        defer { sb.cleanup() }
+        try Self.deleteChunk(sb)
+        let before = try Self.dump(sb)
+        let program = #"""
+        import os, pty, sys, time, select
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(sys.argv[1], sys.argv[1:])
+        out = b''
+        deadline = time.time() + 60
+        answered = False
+        while time.time() < deadline:
+            r, _, _ = select.select([fd], [], [], 0.1)
+            if r:
+                try:
+                    d = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not d:
+                    break
+                out += d
+            if not answered and b'[y/N]' in out:
+                os.write(fd, b'n\n')
+                answered = True
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(out.decode(errors='replace'))
+        sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
+        """#
+        let r = E2E.run(python, ["-c", program, E2E.coffer, "fsck", sb.container, "--passfile", sb.passfile, "--repair"], timeout: 90)
+        #expect(r.status == 32, "\(r)")
+        #expect(r.stdout.contains("The repair will:"), "the confirmation lists what it will do: \(r)")
+        let after = try Self.dump(sb)
+        #expect(before == after, "a cancelled repair changes nothing")
+    }
+
+    @Test func usageErrorsExitSixteen() throws {
+        let none = E2E.coffer(["fsck"])
+        #expect(none.status == 16, "\(none)")
+        let yesAlone = E2E.coffer(["fsck", "/nonexistent", "--yes"])
+        #expect(yesAlone.status == 16, "\(yesAlone)")
+        let help = E2E.coffer(["fsck", "--help"])
+        #expect(help.status == 0, "\(help)")
+        #expect(help.stdout.contains("32  cancelled by the user"), "--help documents the exit statuses: \(help)")
+    }
+
+    @Test func missingContainerIsAnOperationalError() throws {
+        let r = E2E.coffer(["fsck", "/nonexistent/coffer-fsck-test", "--passfile", "/dev/null"])
+        #expect(r.status == 8, "\(r)")
+        #expect(r.stderr.contains("no such container"), "\(r)")
+    }
+
+    @Test func garbageHeaderAndCutStoreAreOperationalErrorsNotCrashes() throws {
+        let (sb, _, _) = try Self.filled("fsckgarbage")
+        defer { sb.cleanup() }
+        let store = sb.container + "/store.db"
+        let header = sb.container + "/coffer.json"
+        let saved = try #require(E2E.read(header))
+        try E2E.write(header, "{ not json")
+        let garbage = fsck(sb)
+        #expect(garbage.status == 8, "\(garbage)")
+        try E2E.write(header, saved)
+
+        let cut = E2E.run("/usr/bin/truncate", ["-s", "20000", store])
+        try #require(cut.ok, "\(cut)")
+        let r = fsck(sb, ["--repair", "--yes"])
+        #expect(r.status == 8 || r.status == 4, "a cut store is an error, never a crash: \(r)")
+        #expect(!r.stderr.contains("Program crashed"), "\(r)")
+    }
+}
