@@ -102,11 +102,15 @@ public enum Repairer {
         return summary
     }
 
-    /// The /lost+found directory: the existing one, or a new root-owned 0700 directory.
+    /// The /lost+found directory: the existing one, or a new 0700 directory owned by the owner of
+    /// the tree's root (a container mounted by a user is that user's to repair).
     private static func lostFound(plan: RepairPlan, records: inout [UInt64: InodeRecord], store: EntityStore) throws -> (UInt64, Bool) {
         if let lf = plan.lostFound { return (lf, false) }
         let id = try store.newInodeId()
-        let record = Checker.freshDirectory(mode: 0o040700)
+        var record = Checker.freshDirectory(mode: 0o040700)
+        if let root = records[EntityStore.rootInode] ?? (try? store.inode(EntityStore.rootInode)) ?? nil {
+            record.uid = root.uid; record.gid = root.gid
+        }
         try store.putInode(id, record)
         var name = TreeWalk.lostFoundName
         var n = 0
