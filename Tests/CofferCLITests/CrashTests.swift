@@ -1,0 +1,432 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Issue 5, "Surviving faults": the daemon is SIGKILLed at random moments while a worker changes files
+// through the mount; after `fusermount3 -uz` and a remount, everything the worker fsynced must be there,
+// every readable file must hold a state the worker produced, and nothing may read as EIO (a torn or
+// half-committed chunk fails authentication). The worker and the checker are python3 programs (below).
+
+/// SplitMix64: a seeded generator, so a failing round can be replayed with COFFER_CRASH_SEED.
+struct SplitMix64: RandomNumberGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+enum CrashScripts {
+    /// What the worker and the checker share: every byte the worker writes is a function of
+    /// (path, version) or (path, record), so the checker can tell a produced state from a torn one.
+    static let common = #"""
+        import os, sys, random, hashlib, json, struct, errno
+
+        BS = 5000          # mid-file block: not a divisor of any chunk size, so blocks straddle chunks
+        NB = 64            # blocks in the mid file (~320 KB, about ten 32 KiB chunks)
+
+        def gen(tag, n):
+            """Deterministic bytes for (tag, n): what the worker writes and the checker expects."""
+            return random.Random(tag).randbytes(n)
+
+        def small_content(path, v):
+            n = random.Random('len:%s:%d' % (path, v)).choice([0, 100, 3000, 20000, 32768, 40000, 70000])
+            return ('%s|%d|%d\n' % (path, v, n)).encode() + gen('s:%s:%d' % (path, v), n)
+
+        def record_len(path, k):
+            return random.Random('alen:%s:%d' % (path, k)).randint(1000, 45000)
+
+        def record(path, k):
+            return gen('a:%s:%d' % (path, k), record_len(path, k))
+
+        def block(path, b, v):
+            return struct.pack('>QQ', b, v) + gen('m:%s:%d:%d' % (path, b, v), BS - 16)
+        """#
+
+    /// The worker: small files replaced whole through a temporary name and rename (like editors), appends
+    /// to a big file in records of 1–45 KB (across 32 KiB chunks), overwrites of runs of 5000-byte blocks
+    /// in a middle file (straddling chunks), deletes, mkdirs; about a third of them fsynced. The journal,
+    /// outside the mount, gets a line before each change ("sb", "ab", "mb", "db") and, only after fsync
+    /// returned, the synced state ("ss" with the sha256, "as" with the length, "ms" with the block
+    /// versions, "ds", "dir"). Runs until the mount goes away.
+    static let worker = common + "\n" + #"""
+        # Worker: changes files under MNT/ROUND in a loop until the mount goes away. Journal lines (JSON) go to a
+        # file outside the mount: "...b" lines before a change starts, "...s" lines only after fsync returned.
+        mnt, rnd, jpath, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+        R = random.Random(seed)
+        J = os.open(jpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+        def log(*x):
+            os.write(J, (json.dumps(list(x)) + '\n').encode())
+
+        def P(rel):
+            return os.path.join(mnt, rel)
+
+        def write_all(fd, data, offset=None):
+            done = 0
+            while done < len(data):
+                chunk = data[done:]
+                n = os.write(fd, chunk) if offset is None else os.pwrite(fd, chunk, offset + done)
+                done += n
+
+        def fsync_path(rel):
+            fd = os.open(P(rel) if rel else mnt, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        def mkdir(rel):
+            os.mkdir(P(rel))
+            fsync_path(os.path.dirname(rel))
+            log('dir', rel)
+
+        def put_small(rel, v, sync):
+            """Like an editor: whole new content to a temporary name, then rename over the file."""
+            data = small_content(rel, v)
+            log('sb', rel, v)
+            tmp = rel + '.tmp'
+            fd = os.open(P(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                cut = R.randint(0, len(data))
+                write_all(fd, data[:cut])
+                write_all(fd, data[cut:])
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(P(tmp), P(rel))
+            if sync:
+                fsync_path(os.path.dirname(rel))
+                log('ss', rel, v, hashlib.sha256(data).hexdigest())
+
+        dirs = [rnd + '/d%d' % i for i in range(3)]
+        big, mid = rnd + '/big.bin', rnd + '/mid.bin'
+        smalls = {}      # live small files: path -> version
+        serial = 0
+        mkdir(rnd)
+        for d in dirs:
+            mkdir(d)
+        fd = os.open(P(big), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.fsync(fd)
+        os.close(fd)
+        fsync_path(rnd)
+        log('as', big, 0)
+        length, records = 0, 0
+        versions = [0] * NB
+        tmp = mid + '.tmp'
+        fd = os.open(P(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        write_all(fd, b''.join(block(mid, b, 0) for b in range(NB)))
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(P(tmp), P(mid))
+        fsync_path(rnd)
+        log('ms', mid, versions)
+        log('setup')
+        op = 0
+        while True:
+            op += 1
+            x = R.random()
+            sync = R.random() < 0.35
+            if x < 0.28 or not smalls:
+                serial += 1
+                rel = R.choice(dirs) + '/s%d' % serial
+                put_small(rel, 1, sync)
+                smalls[rel] = 1
+            elif x < 0.50:
+                rel = R.choice(sorted(smalls))
+                smalls[rel] += 1
+                put_small(rel, smalls[rel], sync)
+            elif x < 0.55:
+                rel = R.choice(sorted(smalls))
+                del smalls[rel]
+                log('db', rel)
+                os.unlink(P(rel))
+                if sync:
+                    fsync_path(os.path.dirname(rel))
+                    log('ds', rel)
+            elif x < 0.75 and length < (3 << 20):
+                data = record(big, records)
+                log('ab', big, records)
+                fd = os.open(P(big), os.O_WRONLY | os.O_APPEND)
+                try:
+                    write_all(fd, data)
+                    if sync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                records += 1
+                length += len(data)
+                if sync:
+                    log('as', big, length)
+            elif x < 0.98:
+                s = R.randrange(NB)
+                c = NB if R.random() < 0.05 else R.randint(1, 12)
+                c = min(c, NB - s)
+                v = op
+                log('mb', mid, s, c, v)
+                fd = os.open(P(mid), os.O_WRONLY)
+                try:
+                    write_all(fd, b''.join(block(mid, b, v) for b in range(s, s + c)), s * BS)
+                    if sync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                versions[s:s + c] = [v] * c
+                if sync:
+                    log('ms', mid, versions)
+            else:
+                d = rnd + '/x%d' % op
+                mkdir(d)
+                dirs.append(d)
+        """#
+
+    /// The checker: reads every file and lists every directory of the given rounds, and holds them
+    /// against the journals; a round checked before must not have changed since. Prints JSON.
+    static let checker = common + "\n" + #"""
+        # Checker: reads everything under the rounds named in argv[3] and holds it against the journals.
+        mnt, jdir, rounds, snap_path = sys.argv[1], sys.argv[2], sys.argv[3].split(','), sys.argv[4]
+        problems, stats = [], {'files': 0, 'bytes': 0, 'dirs': 0, 'syncedSmall': 0, 'syncedBig': 0, 'syncedMidBlocks': 0, 'deletedSynced': 0}
+        try:
+            with open(snap_path) as f:
+                snapshot = json.load(f)
+        except FileNotFoundError:
+            snapshot = {}
+
+        def err(e):
+            return errno.errorcode.get(e.errno, str(e.errno))
+
+        for rnd in rounds:
+            contents, dirs_seen = {}, set()
+            def onerror(e):
+                problems.append('%s: list %s: %s' % (rnd, e.filename, err(e)))
+            for dirpath, dirnames, filenames in os.walk(os.path.join(mnt, rnd), onerror=onerror):
+                rel_dir = os.path.relpath(dirpath, mnt)
+                dirs_seen.add(rel_dir)
+                stats['dirs'] += 1
+                for name in filenames:
+                    rel = rel_dir + '/' + name
+                    try:
+                        with open(os.path.join(mnt, rel), 'rb') as f:
+                            contents[rel] = f.read()
+                        stats['files'] += 1
+                        stats['bytes'] += len(contents[rel])
+                    except OSError as e:
+                        problems.append('%s: read %s: %s' % (rnd, rel, err(e)))
+            entries = []
+            with open(os.path.join(jdir, rnd + '.jsonl')) as f:
+                for line in f:
+                    try:
+                        entries.append(json.loads(line))
+                    except ValueError:
+                        pass    # a line cut short: the worker was killed while writing it
+            if ['setup'] not in entries:
+                # Killed before its files were all made: only what was synced must be there.
+                pass
+            small = {}
+            big = {'synced': 0, 'begun': -1}
+            mid = {'synced': [0] * NB, 'begun': [{0} for _ in range(NB)], 'made': False}
+            dirs = set()
+            for e in entries:
+                k = e[0]
+                if k == 'dir':
+                    dirs.add(e[1])
+                elif k in ('sb', 'ss', 'db', 'ds'):
+                    s = small.setdefault(e[1], {'begun': 0, 'synced': 0, 'db': False, 'ds': False})
+                    if k == 'sb': s['begun'] = max(s['begun'], e[2])
+                    if k == 'ss': s['synced'] = max(s['synced'], e[2])
+                    if k == 'db': s['db'] = True
+                    if k == 'ds': s['ds'] = True
+                elif k == 'ab':
+                    big['begun'] = max(big['begun'], e[2])
+                elif k == 'as':
+                    big['synced'] = max(big['synced'], e[2]); big['path'] = e[1]
+                elif k == 'mb':
+                    for b in range(e[2], e[2] + e[3]):
+                        mid['begun'][b].add(e[4])
+                elif k == 'ms':
+                    mid['synced'] = e[2]; mid['made'] = True; mid['path'] = e[1]
+            for d in dirs:
+                if d not in dirs_seen:
+                    problems.append('%s: directory %s made and synced, missing' % (rnd, d))
+            known = set()
+            for path, s in small.items():
+                known.add(path)
+                c = contents.get(path)
+                if s['ds']:
+                    stats['deletedSynced'] += 1
+                    if c is not None:
+                        problems.append('%s: %s deleted and synced, still there' % (rnd, path))
+                    continue
+                if c is None:
+                    if s['synced'] and not s['db']:
+                        problems.append('%s: %s synced at version %d, missing' % (rnd, path, s['synced']))
+                    continue
+                head, _, _ = c.partition(b'\n')
+                parts = head.split(b'|')
+                try:
+                    v = int(parts[1]) if len(parts) == 3 and parts[0].decode() == path else -1
+                except ValueError:
+                    v = -1
+                if v < 1 or v > s['begun'] or c != small_content(path, v):
+                    problems.append('%s: %s holds no complete version (header %r, %d bytes; begun up to %d, synced %d)' % (rnd, path, head[:80], len(c), s['begun'], s['synced']))
+                elif v < s['synced']:
+                    problems.append('%s: %s went back to version %d after version %d was synced' % (rnd, path, v, s['synced']))
+                elif s['synced']:
+                    stats['syncedSmall'] += 1
+            p = rnd + '/big.bin'; known.add(p)
+            c = contents.get(p)
+            if c is None:
+                if 'path' in big:
+                    problems.append('%s: %s (synced) missing' % (rnd, p))
+            else:
+                expected, k = bytearray(), 0
+                while len(expected) < len(c) and k <= big['begun']:
+                    expected += record(p, k); k += 1
+                if len(c) < big['synced']:
+                    problems.append('%s: %s is %d bytes, %d were synced' % (rnd, p, len(c), big['synced']))
+                elif c != expected[:len(c)]:
+                    at = next((i for i in range(min(len(c), len(expected))) if c[i] != expected[i]), min(len(c), len(expected)))
+                    problems.append('%s: %s (%d bytes) differs from what was appended at byte %d (chunk %d)' % (rnd, p, len(c), at, at // 32768))
+                else:
+                    stats['syncedBig'] += big['synced']
+            p = rnd + '/mid.bin'; known.add(p)
+            c = contents.get(p)
+            if c is not None or mid['made']:
+                if c is None or len(c) != NB * BS:
+                    problems.append('%s: %s missing or resized (%s bytes)' % (rnd, p, None if c is None else len(c)))
+                else:
+                    for b in range(NB):
+                        piece = c[b * BS:(b + 1) * BS]
+                        bb, v = struct.unpack('>QQ', piece[:16])
+                        if bb != b or v not in mid['begun'][b] or piece != block(p, b, v):
+                            problems.append('%s: %s block %d (bytes %d..%d) holds no complete version (header %d/%d)' % (rnd, p, b, b * BS, (b + 1) * BS, bb, v))
+                        elif v < mid['synced'][b]:
+                            problems.append('%s: %s block %d went back to version %d after %d was synced' % (rnd, p, b, v, mid['synced'][b]))
+                        else:
+                            stats['syncedMidBlocks'] += 1
+            for path in contents:
+                if path not in known and not path.endswith('.tmp'):
+                    problems.append('%s: unexpected file %s' % (rnd, path))
+            digest = {p: hashlib.sha256(c).hexdigest() for p, c in contents.items()}
+            if rnd in snapshot and snapshot[rnd] != digest:
+                changed = sorted(set(snapshot[rnd]) ^ set(digest)) + sorted(p for p in digest if p in snapshot[rnd] and snapshot[rnd][p] != digest[p])
+                problems.append('%s: changed since it was last checked: %s' % (rnd, changed[:10]))
+            snapshot[rnd] = digest
+        with open(snap_path, 'w') as f:
+            json.dump(snapshot, f)
+        print(json.dumps({'problems': problems, 'stats': stats}))
+        """#
+}
+
+@Suite("Crash safety: SIGKILL while writing",
+       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+       .enabled(if: E2E.python != nil, "python3 is needed for the worker and the checker"),
+       .enabled(if: E2E.which("sqlite3") != nil, "sqlite3 is needed for PRAGMA integrity_check"))
+struct CrashTests {
+    /// Rounds (COFFER_CRASH_ROUNDS, default 30) of: worker running, SIGKILL of the daemon after a random
+    /// delay, lazy unmount, integrity check of a copy of the crashed store, remount, check.
+    @Test func sigkillLoopKeepsEverythingFsynced() throws {
+        let env = ProcessInfo.processInfo.environment
+        let rounds = env["COFFER_CRASH_ROUNDS"].flatMap { Int($0) } ?? 30
+        let seed = env["COFFER_CRASH_SEED"].flatMap { UInt64($0) } ?? UInt64.random(in: 1 ... 999_999_999)
+        print("CrashTests: seed \(seed), \(rounds) rounds (COFFER_CRASH_SEED=\(seed) replays the kill times and the workers)")
+        var rng = SplitMix64(seed: seed)
+        let started = Date()
+        let sb = try Sandbox("crash")
+        defer { sb.cleanup() }
+        let journals = sb.root + "/journals", snapshot = sb.root + "/snapshot.json"
+        try #require(mkdir(journals, 0o700) == 0)
+        try sb.initAndMount()
+        let hasFsck = E2E.coffer(["--help"]).stdout.contains("fsck")
+        var names: [String] = []
+
+        for round in 0 ..< rounds {
+            let name = String(format: "r%02d", round)
+            names.append(name)
+            let journal = journals + "/\(name).jsonl"
+            let workerSeed = rng.next() >> 33
+            let delay = Double(rng.next() % 1500) / 1000
+            let context = "round \(round) (seed \(seed), kill \(delay) s after setup)"
+            let worker = try Child(E2E.python ?? "/usr/bin/python3", ["-c", CrashScripts.worker, sb.mnt, name, journal, "\(workerSeed)"])
+            defer { worker.spawned.signal(SIGKILL); worker.stop() }
+            let setUp = E2E.wait(30) { E2E.readText(journal)?.contains("[\"setup\"]") == true || !worker.spawned.isRunning }
+            usleep(useconds_t(delay * 1_000_000))
+            let running = worker.spawned.isRunning
+            try #require(setUp && running, "\(context): the worker stopped before the kill (an error while the daemon was alive): \(worker.stderr)")
+
+            let pid = try #require(E2E.daemonPid(container: sb.container), "\(context): no pid in coffer.lock")
+            try #require(E2E.cmdline(pid).contains(sb.container), "\(context): pid \(pid) in coffer.lock is not our daemon")
+            #expect(kill(pid, SIGKILL) == 0)
+            let died = E2E.wait(10) { !E2E.isAlive(pid) }
+            #expect(died, "\(context): the daemon survived SIGKILL")
+            let workerStatus = worker.waitForExit(30)
+            #expect(workerStatus != nil, "\(context): the worker did not end after the daemon died")
+            let workerErrors = worker.stderr
+            #expect(!workerErrors.contains("[Errno 5]"), "\(context): the worker got EIO: \(workerErrors)")
+            let z = E2E.run("/bin/fusermount3", ["-uz", sb.mnt])
+            #expect(z.ok, "\(context): \(z)")
+            try #require(!E2E.isMounted(sb.mnt), "\(context): still mounted after fusermount3 -uz")
+
+            // The crashed store as the next mount finds it (WAL and all), checked on a copy so the
+            // remount still does its own recovery.
+            let copy = sb.root + "/copy"
+            E2E.run("/bin/rm", ["-rf", copy])
+            let cp = E2E.run("/bin/cp", ["-a", sb.container, copy])
+            try #require(cp.ok, "\(cp)")
+            let integrity = E2E.run("/usr/bin/sqlite3", [copy + "/store.db", "PRAGMA integrity_check"])
+            #expect(integrity.ok && integrity.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(context): \(integrity)")
+            if hasFsck {
+                let fsck = E2E.coffer(["fsck", copy, "--passfile", sb.passfile], timeout: 120)
+                #expect(fsck.ok, "\(context): coffer fsck of the crashed store: \(fsck)")
+            }
+
+            let m = sb.mount()
+            try #require(m.ok, "\(context): the store does not mount after SIGKILL: \(m)")
+            // This round and the one before every time; all rounds every fifth round.
+            let check = round % 5 == 4 ? names : Array(names.suffix(2))
+            let result = try runChecker(sb: sb, journals: journals, snapshot: snapshot, rounds: check, context: context)
+            #expect(result.problems.isEmpty, "\(context): \(result.problems.count) problem(s): \(result.problems.prefix(20).joined(separator: "\n"))")
+            if !result.problems.isEmpty { break }
+        }
+
+        // A clean unmount of the last recovered state: integrity, fsck, and every round once more.
+        let u = sb.unmount()
+        try #require(u.ok, "\(u)")
+        let integrity = E2E.run("/usr/bin/sqlite3", [sb.container + "/store.db", "PRAGMA integrity_check"])
+        #expect(integrity.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(integrity)")
+        if hasFsck {
+            let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile], timeout: 120)
+            #expect(fsck.ok, "coffer fsck after the last round: \(fsck)")
+        }
+        try #require(sb.mount().ok)
+        let final = try runChecker(sb: sb, journals: journals, snapshot: snapshot, rounds: names, context: "final check")
+        #expect(final.problems.isEmpty, "final check: \(final.problems.prefix(20).joined(separator: "\n"))")
+        // The test proved something: fsynced files of every kind were there to check.
+        #expect(final.stats["syncedSmall", default: 0] > rounds, "too few fsynced small files checked: \(final.stats)")
+        #expect(final.stats["syncedBig", default: 0] > 0, "no fsynced appends checked: \(final.stats)")
+        #expect(final.stats["syncedMidBlocks", default: 0] >= 64 * rounds, "mid files missing: \(final.stats)")
+        #expect(sb.unmount().ok)
+        print("CrashTests: \(names.count) rounds in \(Int(Date().timeIntervalSince(started))) s, seed \(seed); final check: \(final.stats)")
+    }
+
+    struct CheckResult { let problems: [String]; let stats: [String: Int] }
+
+    func runChecker(sb: Sandbox, journals: String, snapshot: String, rounds: [String], context: String) throws -> CheckResult {
+        let r = E2E.py(CrashScripts.checker, [sb.mnt, journals, rounds.joined(separator: ","), snapshot], timeout: 300)
+        try #require(r.ok, "\(context): the checker failed: \(r)")
+        let line = r.stdout.split(separator: "\n").last.map(String.init) ?? ""
+        let object = try JSONSerialization.jsonObject(with: Data(line.utf8))
+        let json = try #require(object as? [String: Any], "\(context): checker output \(line)")
+        let problems = try #require(json["problems"] as? [String], "\(context): checker output \(line)")
+        let stats = try #require(json["stats"] as? [String: Int], "\(context): checker output \(line)")
+        return CheckResult(problems: problems, stats: stats)
+    }
+}
