@@ -43,9 +43,10 @@ public final class EntityStore: @unchecked Sendable {
 
     // MARK: Opening
 
-    private init(path: String, pool: DatabasePool, keys: ContainerKeys, registry: TransformerRegistry, readOnly: Bool) {
+    private init(path: String, pool: DatabasePool, keys: ContainerKeys, registry: TransformerRegistry, readOnly: Bool,
+                 location: String? = nil) {
         self.path = path; self.pool = pool; self.keys = keys
-        self.readers = ChunkReaders(path: path)
+        self.readers = ChunkReaders(path: location ?? path)
         self.sealer = EntitySealer(registry: registry); self.readOnly = readOnly
     }
 
@@ -122,11 +123,12 @@ public final class EntityStore: @unchecked Sendable {
     public static func open(at path: String, keys: ContainerKeys, registry: TransformerRegistry = .standard,
                             readOnly: Bool = false) throws(StoreError) -> EntityStore {
         guard FileManager.default.fileExists(atPath: path) else { throw .notAStore("\(path) is missing") }
+        let location = readOnly ? try readOnlyLocation(path) : path
         let pool: DatabasePool
-        do { pool = try DatabasePool(path: path, configuration: configuration(readOnly: readOnly)) } catch {
+        do { pool = try DatabasePool(path: location, configuration: configuration(readOnly: readOnly)) } catch {
             throw .notAStore("\(error)")
         }
-        let store = EntityStore(path: path, pool: pool, keys: keys, registry: registry, readOnly: readOnly)
+        let store = EntityStore(path: path, pool: pool, keys: keys, registry: registry, readOnly: readOnly, location: location)
         try store.checkSchema(registry: registry)
         if !readOnly {
             do { try configureWriter(pool) } catch { throw .database("\(error)") }
@@ -134,6 +136,28 @@ public final class EntityStore: @unchecked Sendable {
             store.reserve = SpaceReserve(directory: (path as NSString).deletingLastPathComponent)
         }
         return store
+    }
+
+    /// Where SQLite opens a read-only store. In a directory that cannot be written (read-only medium or
+    /// bind mount) SQLite cannot create the -shm/-wal files WAL mode reads through, even read-only. With
+    /// no frames in the WAL (a clean unmount truncates it) the database file is the whole store, and the
+    /// URI form `immutable=1` reads it without them; frames left by a crash are read through an existing
+    /// -shm (SQLite then keeps the shared memory on the heap), and without one they cannot be read at all.
+    static func readOnlyLocation(_ path: String) throws(StoreError) -> String {
+        guard access((path as NSString).deletingLastPathComponent, W_OK) != 0 else { return path }
+        var st = stat()
+        if stat(path + "-wal", &st) == 0, st.st_size > 0 {
+            guard access(path + "-shm", R_OK) == 0 else {
+                throw .database("the write-ahead log \(path)-wal holds commits that cannot be read without \(path)-shm in a directory that cannot be written; mount the container once where it can be written")
+            }
+            return path
+        }
+        // Debian's SQLite takes URI file names (SQLITE_USE_URI); GRDB does not pass SQLITE_OPEN_URI.
+        guard sqlite3_compileoption_used("USE_URI") != 0,
+              let escaped = path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed.subtracting(CharacterSet(charactersIn: "?#%"))) else {
+            throw .database("this SQLite cannot open a store in a directory that cannot be written (no URI file names)")
+        }
+        return "file:" + escaped + "?immutable=1"
     }
 
     private func checkSchema(registry: TransformerRegistry) throws(StoreError) {

@@ -104,12 +104,13 @@ struct MountCommand: ParsableCommand {
         if secretOptions.extpass == nil { secretOptions.extpass = opts.extpass }
         if secretOptions.keyfile == nil { secretOptions.keyfile = opts.keyfile }
         if allowRollback { opts.allowRollback = true }
+        try settleReadOnlyContainer(&opts, target: t)
         if foreground || readyFD != nil {
             try runDaemon(target: t, options: opts, secret: secretOptions, notifier: notifier)
         } else {
             notifier?.status("Starting the mount daemon")
             try reportingFailures {
-                let pid = try Daemonizer.startInBackground(secret: secretOptions, arguments: backgroundArguments(t))
+                let pid = try Daemonizer.startInBackground(secret: secretOptions, arguments: backgroundArguments(t, readOnly: opts.readOnly))
                 // The daemon is another process: the manager must watch it, not this launcher.
                 notifier?.ready(mainPid: pid, status: "Mounted \(Container.absolutePath(t.container)) on \(Container.absolutePath(t.mountpoint))")
             }
@@ -117,10 +118,11 @@ struct MountCommand: ParsableCommand {
     }
 
     /// The arguments for the background daemon: everything but the secret, which goes through a pipe.
-    func backgroundArguments(_ t: Target) -> [String] {
+    func backgroundArguments(_ t: Target, readOnly: Bool) -> [String] {
         var args = ["mount", Container.absolutePath(t.container), Container.absolutePath(t.mountpoint), "--log-level", logLevel]
         if allowRollback { args.append("--allow-rollback") }
         for o in t.options { args += ["-o", o] }
+        if readOnly { args += ["-o", "ro"] }
         return args
     }
 
@@ -170,7 +172,7 @@ struct MountCommand: ParsableCommand {
         do {
             notifier?.status("Opening the store")
             let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: opts.readOnly)
-            try checkRollback(store: store, containerId: c.header.containerId, allow: opts.allowRollback, logger: logger)
+            try checkRollback(store: store, containerId: c.header.containerId, allow: opts.allowRollback, readOnly: opts.readOnly, logger: logger)
             var fsOptions = CofferFileSystem.Options()
             fsOptions.readOnly = opts.readOnly
             fsOptions.symlinkRoot = mnt
@@ -198,8 +200,27 @@ struct MountCommand: ParsableCommand {
 }
 
 extension MountCommand {
+    /// A container that cannot be written (read-only medium or bind mount, a directory or store without
+    /// write permission) mounts read-only with one notice line, as users expect of read-only media; an
+    /// explicit `-o rw` is refused. mount(8) passes `rw` whenever `ro` is not given, so in its argv form
+    /// (`coffer SOURCE DIR -o ...`) `rw` is only that default.
+    func settleReadOnlyContainer(_ opts: inout MountOptionSet, target t: Target) throws {
+        guard !opts.readOnly, let c = try? Container.open(at: t.container), let store = try? c.storePath() else { return }
+        let storeReadOnly = access(store, F_OK) == 0 && access(store, W_OK) != 0
+        guard access(c.root, W_OK) != 0 || storeReadOnly else { return }
+        let tokens = t.options.flatMap { $0.split(separator: ",") }
+        if tokens.contains("rw"), CommandLine.arguments.dropFirst().first == "mount" {
+            printErr("coffer: \(c.root) cannot be written (read-only medium or directory): it cannot be mounted read-write; mount it without -o rw (or with -o ro) to read it")
+            throw ExitCode(ExitStatus.failure)
+        }
+        printErr("coffer: \(c.root) cannot be written (read-only medium or directory): mounting read-only")
+        opts.readOnly = true
+    }
+
     /// Refuses a store older than the newest this machine has seen, then keeps the ledger current.
-    func checkRollback(store: EntityStore, containerId: String, allow: Bool, logger: Logger) throws {
+    /// A read-only mount only checks: it may be of a copy (a backup, a snapshot), which must neither
+    /// lower the recorded generation (with --allow-rollback) nor raise it.
+    func checkRollback(store: EntityStore, containerId: String, allow: Bool, readOnly: Bool, logger: Logger) throws {
         let ledger = GenerationLedger()
         if let last = ledger.lastSeen(containerId: containerId), store.generation < last {
             guard allow else {
@@ -208,6 +229,7 @@ extension MountCommand {
             }
             logger.warning("mounting a store older than the last seen (generation \(store.generation) < \(last)) as asked")
         }
+        guard !readOnly else { return }
         // With --allow-rollback the user accepts this store: it becomes the newest seen.
         if !ledger.record(store.generation, containerId: containerId, replacingNewer: allow) {
             logger.warning("cannot record the store generation in \(ledger.directory): rollback detection is off for this mount")
