@@ -430,3 +430,54 @@ struct CrashTests {
         return CheckResult(problems: problems, stats: stats)
     }
 }
+
+/// Issue 5: a busy mountpoint is reported, not forced (MountTests), unless `--lazy` is asked: then the
+/// mount is detached at once, the process still inside keeps working, and the daemon commits what it
+/// wrote and ends when it lets go.
+@Suite("Busy unmount: --lazy",
+       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+       .enabled(if: E2E.python != nil, "python3 is needed for the process holding the mount"))
+struct LazyUnmountTests {
+    @Test(arguments: ["-z", "--lazy"])
+    func lazyUnmountDetachesABusyMountAndCommitsOnRelease(flag: String) throws {
+        let sb = try Sandbox("lazy")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/before.txt", "before")
+        let daemon = try #require(E2E.daemonPid(container: sb.container))
+        try #require(E2E.cmdline(daemon).contains(sb.container), "lock pid is not our daemon")
+        let trigger = sb.root + "/go"
+        // Sits in the mount until the trigger appears, then writes through its working directory.
+        let holder = try Child(E2E.python ?? "/usr/bin/python3", ["-c", """
+            import os, sys, time
+            os.chdir(sys.argv[1])
+            while not os.path.exists(sys.argv[2]):
+                time.sleep(0.02)
+            with open('late.txt', 'w') as f:
+                f.write('written after the detach')
+            print(sorted(os.listdir('.')))
+            """, sb.mnt, trigger])
+        defer { holder.spawned.signal(SIGKILL); holder.stop() }
+        let inside = E2E.wait(10) { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(holder.pid)/cwd")) == sb.mnt }
+        try #require(inside, "the holder did not enter the mount")
+
+        let u = sb.unmount()
+        #expect(u.status != 0 && u.stderr.contains("busy"), "without --lazy a busy mount is refused: \(u)")
+        let lazy = E2E.coffer(["unmount", flag, sb.mnt], timeout: 30)
+        #expect(lazy.ok, "\(lazy)")
+        #expect(!E2E.isMounted(sb.mnt), "still in /proc/mounts after a lazy unmount")
+        #expect(E2E.isAlive(daemon), "the daemon must serve the holder until it lets go")
+
+        try E2E.write(trigger, "go")
+        let status = holder.waitForExit(30)
+        #expect(status == 0, "the holder could not work in the detached mount: \(holder.stderr)")
+        let ended = E2E.wait(30) { !E2E.isAlive(daemon) }
+        #expect(ended, "the daemon did not end once the last user let go")
+
+        let m = sb.mount()
+        try #require(m.ok, "\(m)")
+        #expect(E2E.readText(sb.mnt + "/before.txt") == "before")
+        #expect(E2E.readText(sb.mnt + "/late.txt") == "written after the detach", "what the holder wrote after the detach was not committed")
+        #expect(sb.unmount().ok)
+    }
+}
