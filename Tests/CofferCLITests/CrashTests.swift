@@ -52,11 +52,11 @@ enum CrashScripts {
 
     /// The worker: small files replaced whole through a temporary name and rename (like editors), appends
     /// to a big file in records of 1–45 KB (across 32 KiB chunks), overwrites of runs of 5000-byte blocks
-    /// in a middle file (straddling chunks), deletes, mkdirs, about a third of them fsynced, and now and then a
-    /// pause long enough for the daemon to checkpoint. The journal,
-    /// outside the mount, gets a line before each change ("sb", "ab", "mb", "db") and, only after fsync
-    /// returned, the synced state ("ss" with the sha256, "as" with the length, "ms" with the block
-    /// versions, "ds", "dir"). Runs until the mount goes away.
+    /// in a middle file (straddling chunks), sparse writes and truncations of a third file, deletes, mkdirs,
+    /// about a third of them fsynced, and now and then a pause long enough for the daemon to checkpoint.
+    /// The journal, outside the mount, gets a line before each change ("sb", "ab", "mb", "tb", "db") and,
+    /// only after fsync returned, the synced state ("ss" with the sha256, "as" with the length, "ms" with
+    /// the block versions, "ts" with the change, "ds", "dir"). Runs until the mount goes away.
     static let worker = common + "\n" + #"""
         # Worker: changes files under MNT/ROUND in a loop until the mount goes away. Journal lines (JSON) go to a
         # file outside the mount: "...b" lines before a change starts, "...s" lines only after fsync returned.
@@ -130,6 +130,12 @@ enum CrashScripts {
         os.rename(P(tmp), P(mid))
         fsync_path(rnd)
         log('ms', mid, versions)
+        trunc = rnd + '/trunc.bin'
+        fd = os.open(P(trunc), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.fsync(fd)
+        os.close(fd)
+        fsync_path(rnd)
+        log('ts', trunc, 0)
         log('setup')
         op = 0
         while True:
@@ -171,7 +177,7 @@ enum CrashScripts {
                 length += len(data)
                 if sync:
                     log('as', big, length)
-            elif x < 0.98:
+            elif x < 0.87:
                 s = R.randrange(NB)
                 c = NB if R.random() < 0.05 else R.randint(1, 12)
                 c = min(c, NB - s)
@@ -187,6 +193,24 @@ enum CrashScripts {
                 versions[s:s + c] = [v] * c
                 if sync:
                     log('ms', mid, versions)
+            elif x < 0.98:
+                # Sparse writes and truncations (shrinking trims chunks, growing leaves holes).
+                fd = os.open(P(trunc), os.O_WRONLY)
+                try:
+                    if R.random() < 0.5:
+                        off, n = R.randrange(400000), R.randint(1, 40000)
+                        log('tb', trunc, op, 'w', off, n)
+                        write_all(fd, gen('t:%s:%d' % (trunc, op), n), off)
+                    else:
+                        n = R.randrange(400000)
+                        log('tb', trunc, op, 't', n, 0)
+                        os.ftruncate(fd, n)
+                    if sync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if sync:
+                    log('ts', trunc, op)
             else:
                 d = rnd + '/x%d' % op
                 mkdir(d)
@@ -198,7 +222,7 @@ enum CrashScripts {
     static let checker = common + "\n" + #"""
         # Checker: reads everything under the rounds named in argv[3] and holds it against the journals.
         mnt, jdir, rounds, snap_path = sys.argv[1], sys.argv[2], sys.argv[3].split(','), sys.argv[4]
-        problems, stats = [], {'files': 0, 'bytes': 0, 'dirs': 0, 'syncedSmall': 0, 'syncedBig': 0, 'syncedMidBlocks': 0, 'deletedSynced': 0}
+        problems, stats = [], {'files': 0, 'bytes': 0, 'dirs': 0, 'syncedSmall': 0, 'syncedBig': 0, 'syncedMidBlocks': 0, 'syncedTrunc': 0, 'deletedSynced': 0}
         try:
             with open(snap_path) as f:
                 snapshot = json.load(f)
@@ -317,6 +341,38 @@ enum CrashScripts {
                             problems.append('%s: %s block %d went back to version %d after %d was synced' % (rnd, p, b, v, mid['synced'][b]))
                         else:
                             stats['syncedMidBlocks'] += 1
+            # trunc.bin: each write or truncation is one request, so the file must hold the state after one of
+            # them, no earlier than the last one synced.
+            p = rnd + '/trunc.bin'; known.add(p)
+            c = contents.get(p)
+            synced_op = max((e[2] for e in entries if e[0] == 'ts'), default=None)
+            if c is None:
+                if synced_op is not None:
+                    problems.append('%s: %s (synced) missing' % (rnd, p))
+            else:
+                state = bytearray()
+                states = [(0, hashlib.sha256(state).digest())]
+                for e in entries:
+                    if e[0] != 'tb':
+                        continue
+                    op, kind, a, n = e[2], e[3], e[4], e[5]
+                    if kind == 'w':
+                        if len(state) < a:
+                            state.extend(bytes(a - len(state)))
+                        state[a:a + n] = gen('t:%s:%d' % (p, op), n)
+                    elif a < len(state):
+                        del state[a:]
+                    else:
+                        state.extend(bytes(a - len(state)))
+                    states.append((op, hashlib.sha256(state).digest()))
+                h = hashlib.sha256(c).digest()
+                matching = [op for op, d in states if d == h]
+                if not matching:
+                    problems.append('%s: %s (%d bytes) holds no state the worker produced (%d changes)' % (rnd, p, len(c), len(states) - 1))
+                elif synced_op is not None and max(matching) < synced_op:
+                    problems.append('%s: %s went back to the state after change %d, change %d was synced' % (rnd, p, max(matching), synced_op))
+                elif synced_op is not None:
+                    stats['syncedTrunc'] += 1
             for path in contents:
                 if path not in known and not path.endswith('.tmp'):
                     problems.append('%s: unexpected file %s' % (rnd, path))
@@ -419,6 +475,7 @@ struct CrashTests {
         #expect(final.stats["syncedSmall", default: 0] > rounds, "too few fsynced small files checked: \(final.stats)")
         #expect(final.stats["syncedBig", default: 0] > 0, "no fsynced appends checked: \(final.stats)")
         #expect(final.stats["syncedMidBlocks", default: 0] >= 64 * rounds, "mid files missing: \(final.stats)")
+        #expect(final.stats["syncedTrunc", default: 0] >= rounds, "truncated files missing: \(final.stats)")
         #expect(sb.unmount().ok)
         print("CrashTests: \(names.count) rounds in \(Int(Date().timeIntervalSince(started))) s, seed \(seed); final check: \(final.stats)")
     }
