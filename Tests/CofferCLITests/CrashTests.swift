@@ -562,3 +562,64 @@ struct LazyUnmountTests {
         #expect(sb.unmount().ok)
     }
 }
+
+/// Issue 5: both faults at once. The daemon is killed right after the disk filled up, and the disk is
+/// still full (not one byte free) when the container is mounted again: the store must open and recover,
+/// synced data must read back, and deleting must make room to write again.
+@Suite("Crash safety: killed on a full disk",
+       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+       .enabled(if: E2E.isRoot, "a tmpfs of fixed size needs root"))
+struct KilledOnAFullDiskTests {
+    @Test func remountOnAFullDiskAfterSIGKILL() throws {
+        let sb = try Sandbox("fullkill")
+        defer { sb.cleanup() }
+        let disk = sb.root + "/disk"
+        try #require(mkdir(disk, 0o700) == 0)
+        let tmpfs = E2E.sh("mount -t tmpfs -o size=24m tmpfs '\(disk)'")
+        try #require(tmpfs.ok, "\(tmpfs)")
+        // The FUSE mount first (its daemon holds the store open), then the tmpfs.
+        defer {
+            E2E.forceUnmount(sb.mnt)
+            _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'")
+        }
+        let container = disk + "/c"
+        try #require(sb.initContainer(container: container).ok)
+        try #require(sb.mount(container: container).ok)
+        let keep = E2E.randomBytes(3_000_000)
+        try E2E.write(sb.mnt + "/keep.bin", keep)
+        #expect(E2E.sh("sync '\(sb.mnt)/keep.bin'").ok)
+        let fill = E2E.sh("dd if=/dev/urandom of='\(sb.mnt)/fill' bs=1M count=100 conv=fsync")
+        #expect(fill.stderr.contains("No space left"), "the writer is told ENOSPC: \(fill)")
+
+        let pid = try #require(E2E.daemonPid(container: container))
+        try #require(E2E.cmdline(pid).contains(container), "lock pid is not our daemon")
+        #expect(kill(pid, SIGKILL) == 0)
+        let died = E2E.wait(10) { !E2E.isAlive(pid) }
+        #expect(died)
+        #expect(E2E.run("/bin/fusermount3", ["-uz", sb.mnt]).ok)
+        // Whatever room is left (the released reserve, slack) goes to another file on the same disk.
+        _ = E2E.sh("dd if=/dev/zero of='\(disk)/hog' bs=4k")
+        var vfs = statvfs()
+        try #require(statvfs(disk, &vfs) == 0)
+        try #require(vfs.f_bavail == 0, "the disk still has \(vfs.f_bavail) free blocks")
+
+        let m = sb.mount(container: container)
+        try #require(m.ok, "the killed container does not mount on a full disk: \(m)")
+        #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data lost or damaged")
+        let list = E2E.sh("ls -la '\(sb.mnt)'")
+        #expect(list.ok, "\(list)")
+        let rm = E2E.sh("rm -f '\(sb.mnt)/fill'")
+        #expect(rm.ok, "deleting on a full disk: \(rm)")
+        let again = E2E.sh("dd if=/dev/urandom of='\(sb.mnt)/after' bs=64k count=4 conv=fsync")
+        #expect(again.ok, "writing after deleting on a full disk: \(again)")
+        let u = sb.unmount()
+        #expect(u.ok, "\(u)")
+
+        unlink(disk + "/hog")
+        try #require(sb.mount(container: container).ok)
+        #expect(E2E.read(sb.mnt + "/keep.bin") == keep)
+        #expect(E2E.read(sb.mnt + "/after")?.count == 4 * 65536)
+        #expect(E2E.read(sb.mnt + "/fill") == nil, "the deleted file came back")
+        #expect(sb.unmount().ok)
+    }
+}
