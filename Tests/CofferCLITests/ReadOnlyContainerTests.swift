@@ -74,11 +74,21 @@ struct ReadOnlyContainerTests {
 
         let daemons = cofferProcesses(serving: ro)
         #expect(daemons.count == 1, "one daemon serves the read-only container: \(daemons)")
+        // The lock still works (taken through a read-only descriptor) and names the daemon holding it,
+        // although coffer.lock could not be rewritten and holds the pid of the earlier read-write mount.
+        let other = sb.root + "/m2"
+        try #require(mkdir(other, 0o755) == 0)
+        let twice = coffer(sb, ["mount", ro, other, "--passfile", sb.passfile])
+        #expect(twice.status == 15, "a second mount of the read-only container: \(twice)")
+        let named = daemons.first.map { twice.stderr.contains("daemon pid \($0))") } ?? false
+        #expect(named, "the refusal names the daemon \(daemons): \(twice)")
+        #expect(!E2E.isMounted(other))
         let u = sb.unmount()
         #expect(u.ok, "\(u)")
         #expect(!E2E.isMounted(sb.mnt))
-        let gone = E2E.wait(10) { cofferProcesses(serving: ro).isEmpty }
-        #expect(gone, "the read-only daemon did not end after unmount")
+        // `coffer unmount` waited for the daemon it found in the lock table.
+        let left = cofferProcesses(serving: ro)
+        #expect(left.isEmpty, "the read-only daemon is still running after coffer unmount returned: \(left)")
         // A read-only mount records no generation (it may be of a backup or a snapshot).
         let ledger = try? FileManager.default.contentsOfDirectory(atPath: sb.root + "/state")
         #expect((ledger ?? []).isEmpty, "a read-only mount wrote the rollback ledger: \(ledger ?? [])")
