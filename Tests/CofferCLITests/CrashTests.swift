@@ -437,7 +437,8 @@ enum CrashScripts {
        .enabled(if: E2E.which("sqlite3") != nil, "sqlite3 is needed for PRAGMA integrity_check"))
 struct CrashTests {
     /// Rounds (COFFER_CRASH_ROUNDS, default 30) of: worker running, SIGKILL of the daemon after a random
-    /// delay (every fourth round: a few milliseconds into an unmount), lazy unmount, integrity check of a copy of the crashed store, remount, check.
+    /// delay (every fourth round: a few milliseconds into an unmount), lazy unmount, integrity check and
+    /// `coffer fsck` of a copy of the crashed store, remount, check.
     @Test func sigkillLoopKeepsEverythingFsynced() throws {
         let env = ProcessInfo.processInfo.environment
         let rounds = env["COFFER_CRASH_ROUNDS"].flatMap { Int($0) } ?? 30
@@ -450,7 +451,6 @@ struct CrashTests {
         let journals = sb.root + "/journals", snapshot = sb.root + "/snapshot.json"
         try #require(mkdir(journals, 0o700) == 0)
         try sb.initAndMount()
-        let hasFsck = E2E.coffer(["--help"]).stdout.contains("fsck")
         var names: [String] = []
         var killsInUnmount = 0
 
@@ -509,10 +509,9 @@ struct CrashTests {
             try #require(cp.ok, "\(cp)")
             let integrity = E2E.run("/usr/bin/sqlite3", [copy + "/store.db", "PRAGMA integrity_check"])
             #expect(integrity.ok && integrity.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(context): \(integrity)")
-            if hasFsck {
-                let fsck = E2E.coffer(["fsck", copy, "--passfile", sb.passfile], timeout: 120)
-                #expect(fsck.ok, "\(context): coffer fsck of the crashed store: \(fsck)")
-            }
+            // fsck on the crashed copy: clean (status 0), orphans of the killed session included.
+            let fsck = E2E.coffer(["fsck", copy, "--passfile", sb.passfile], timeout: 120)
+            #expect(fsck.ok, "\(context): coffer fsck of the crashed store: \(fsck)")
 
             let m = sb.mount()
             try #require(m.ok, "\(context): the store does not mount after SIGKILL: \(m)")
@@ -540,10 +539,8 @@ struct CrashTests {
         try #require(u.ok, "\(u)")
         let integrity = E2E.run("/usr/bin/sqlite3", [sb.container + "/store.db", "PRAGMA integrity_check"])
         #expect(integrity.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(integrity)")
-        if hasFsck {
-            let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile], timeout: 120)
-            #expect(fsck.ok, "coffer fsck after the last round: \(fsck)")
-        }
+        let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile], timeout: 120)
+        #expect(fsck.ok, "coffer fsck after the last round: \(fsck)")
         try #require(sb.mount().ok)
         let final = try runChecker(sb: sb, journals: journals, snapshot: snapshot, rounds: names, context: "final check")
         #expect(final.problems.isEmpty, "final check: \(final.problems.prefix(20).joined(separator: "\n"))")
@@ -554,7 +551,7 @@ struct CrashTests {
         #expect(final.stats["syncedMidBlocks", default: 0] >= 64 * rounds, "mid files missing: \(final.stats)")
         #expect(final.stats["syncedTrunc", default: 0] >= rounds, "truncated files missing: \(final.stats)")
         #expect(sb.unmount().ok)
-        print("CrashTests: \(names.count) rounds in \(Int(Date().timeIntervalSince(started))) s, seed \(seed); \(killsInUnmount) kills during an unmount; final check: \(final.stats)")
+        print("CrashTests: \(names.count) rounds in \(Int(Date().timeIntervalSince(started))) s, seed \(seed); \(killsInUnmount) kills during an unmount; coffer fsck clean after every crash; final check: \(final.stats)")
     }
 
     struct CheckResult { let problems: [String]; let stats: [String: Int] }
