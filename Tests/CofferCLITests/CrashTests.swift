@@ -471,7 +471,7 @@ struct CrashTests {
 
             let pid = try #require(E2E.daemonPid(container: sb.container), "\(context): no pid in coffer.lock")
             try #require(E2E.cmdline(pid).contains(sb.container), "\(context): pid \(pid) in coffer.lock is not our daemon")
-            let unmountDelay = useconds_t(rng.next() % 60_000)
+            let unmountDelay = useconds_t(rng.next() % 30_000)
             if round % 4 == 3 {
                 // Every fourth round the kill lands in the unmount: the final commit, the TRUNCATE
                 // checkpoint, the close. The worker is stopped first so the mount is not busy.
