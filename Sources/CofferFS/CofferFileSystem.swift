@@ -107,6 +107,31 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         }
     }
 
+    /// The path of an inode the kernel knows, from the names it was found under (the kernel holds
+    /// every ancestor of a known inode, so the chain reaches the root). Call under `meta`.
+    func knownPath(_ ino: InodeNumber) -> String? {
+        var parts: [[UInt8]] = []
+        var current = ino
+        while current != EntityStore.rootInode {
+            guard parts.count < 4096, let s = inodes[current], let (parent, name) = s.location else { return nil }
+            parts.append(name)
+            current = parent
+        }
+        return "/" + parts.reversed().map { String(decoding: $0, as: UTF8.self) }.joined(separator: "/")
+    }
+
+    /// Names a damaged file or entry by its path, at debug level only (file names stay out of
+    /// logs above debug). Call under `meta`.
+    func logDamagedPath(_ ino: InodeNumber) {
+        guard logger.logLevel <= .debug, let path = knownPath(ino) else { return }
+        logger.debug("the damaged file (inode \(ino)) is \(path) in the mount")
+    }
+
+    func logDamagedPath(parent: InodeNumber, name: [UInt8]) {
+        guard logger.logLevel <= .debug, let dir = knownPath(parent) else { return }
+        logger.debug("the damaged entry is \(dir == "/" ? "" : dir)/\(String(decoding: name, as: UTF8.self)) in the mount")
+    }
+
     func checkWritable() throws(FSError) { if options.readOnly { throw .readOnly } }
 
     /// Runs a namespace operation under `meta`, with all its store calls in one visit to the
@@ -185,7 +210,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         do {
             if s.record.contentId != 0 && s.isRegular {
                 try store.deleteChunks(file: s.record.contentId)
-                try store.deleteChunkMapPages(file: s.record.contentId)
+                // Map pages exist only once a paged root was written.
+                if case .paged = s.record.chunkMap { try store.deleteChunkMapPages(file: s.record.contentId) }
             }
             try store.deleteXattrs(s.ino)
             try store.deleteInode(s.ino)

@@ -78,7 +78,10 @@ extension CofferFileSystem {
                 return (try fileContent(s, offset: offset, count: count), count)
             }
             guard let content else { return [] }
-            return try readRange(content, offset: offset, count: count)
+            do throws(FSError) { return try readRange(content, offset: offset, count: count) } catch {
+                if error == .io { meta.withLock { logDamagedPath(ino) } }
+                throw error
+            }
         }
     }
 

@@ -21,6 +21,9 @@ final class InodeState: @unchecked Sendable {
     /// Serializes content changes; reads share it. Striped (one of a fixed set by inode number)
     /// rather than one per inode: 100,000 known inodes must not mean 100,000 locks.
     var content: ReadWriteLock { ContentLocks.lock(for: ino) }
+    /// Where the kernel last found this inode (directory and name): only to name a damaged file
+    /// in debug-level log lines (names are never logged above debug).
+    var location: (parent: InodeNumber, name: [UInt8])?
     /// The last chunk while it is being appended to (see TailChunk).
     var tail: TailChunk?
     private var cachedCipher: AESGCM?

@@ -24,9 +24,15 @@ extension CofferFileSystem {
     /// The inode a name points to (call under meta).
     func entryState(parent: InodeNumber, name: [UInt8]) throws(FSError) -> InodeState {
         let entry: DirectoryEntryRecord?
-        do { entry = try store.entry(parent: parent, name: name) } catch { throw fsError(error, "an entry of directory \(parent)") }
+        do { entry = try store.entry(parent: parent, name: name) } catch {
+            let e = fsError(error, "an entry of directory \(parent)")
+            if e == .io { logDamagedPath(parent: parent, name: name) }
+            throw e
+        }
         guard let entry else { throw .notFound }
-        return try state(entry.ino)
+        let s = try state(entry.ino)
+        s.location = (parent, name)
+        return s
     }
 
     func existingEntry(parent: InodeNumber, name: [UInt8]) throws(FSError) -> DirectoryEntryRecord? {
@@ -75,6 +81,7 @@ extension CofferFileSystem {
         if isDir { dir.record.nlink += 1 }
         dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
         s.lookups = 1
+        s.location = (parent, name)
         inodes[ino] = s
         return s
     }
@@ -132,6 +139,7 @@ extension CofferFileSystem {
             try persist(s)
             dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
             s.lookups += 1
+            s.location = (newParent, newName)
             return attributes(s)
         }
     }
@@ -207,6 +215,7 @@ extension CofferFileSystem {
                 let target = try state(targetEntry.ino)
                 try put(parent, name, target)
                 try put(newParent, newName, source)
+                target.location = (parent, name); source.location = (newParent, newName)
                 if parent != newParent && source.isDirectory != target.isDirectory {
                     if source.isDirectory { fromDir.record.nlink -= 1; toDir.record.nlink += 1 }
                     else { fromDir.record.nlink += 1; toDir.record.nlink -= 1 }
@@ -237,6 +246,7 @@ extension CofferFileSystem {
             }
             do { try store.deleteEntry(parent: parent, name: name) } catch { throw fsError(error) }
             try put(newParent, newName, source)
+            source.location = (newParent, newName)
             if source.isDirectory && parent != newParent { fromDir.record.nlink -= 1; toDir.record.nlink += 1 }
             source.record.ctime = now; source.dirty = true
             touch(fromDir, toDir)
@@ -277,6 +287,7 @@ extension CofferFileSystem {
                         // A damaged inode is left out of the listing (its lookup reports EIO).
                         guard let s = try? state(e.ino) else { index += 1; continue }
                         s.lookups += 1
+                        s.location = (ino, e.name)
                         entry.attributes = attributes(s)
                     }
                     out.append(entry)

@@ -376,6 +376,27 @@ struct ServiceTests {
         #expect(!child.stderr.contains("paged"), "the file name reached the log at the default level: \(child.stderr)")
     }
 
+    /// At debug level the damaged file is named by its path in the mount (issue "Integrity": the
+    /// log names the path when known; issue "Service": names only at debug).
+    @Test func damagedFileIsNamedByItsPathAtDebugLevel() throws {
+        let w = try IntegrityTests.World("logdamagepath")
+        defer { w.cleanup() }
+        try w.edit(IntegrityTests.flipOneBit + "flip('chunks', 'file = \(IntegrityTests.pagedFile) AND idx = 4')")
+        let sb = w.sb
+        let child = try ServiceChild(["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile, "--log-level", "debug"], environment: [:])
+        defer { child.stop() }
+        let up = E2E.wait(30) { E2E.answersAsMount(sb.mnt) }
+        try #require(up, "mount did not come up: \(child.stderr)")
+        let damaged = IntegrityTests.readFile(sb.mnt + "/paged.bin")
+        let eio: Bool
+        if case .failure(let e) = damaged { eio = e.code == EIO } else { eio = false }
+        #expect(eio, "reading the damaged file was not EIO")
+        #expect(child.spawned.signal(SIGTERM))
+        #expect(child.spawned.wait(timeout: 30) == 0, "\(child.stderr)")
+        let ino = try #require(w.inodes["paged.bin"])
+        #expect(child.stderr.contains("the damaged file (inode \(ino)) is /paged.bin in the mount"), "\(child.stderr.suffix(3000))")
+    }
+
     @Test func refusedMountIsOneLine() throws {
         let sb = try Sandbox("logrefused")
         defer { sb.cleanup() }
