@@ -48,17 +48,19 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
 
+        // Helpers the test targets share (expectations, seeded generator); only tests depend on it.
+        .target(name: "CofferTestSupport", path: "Tests/CofferTestSupport"),
         .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
-        .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto"]),
-        .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto"]),
+        .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport"]),
+        .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto", "CofferTestSupport"]),
         .testTarget(name: "CofferCheckTests", dependencies: [
-            "CofferCheck", "CofferFS", "CofferStore", "CofferCrypto",
+            "CofferCheck", "CofferTestSupport", "CofferFS", "CofferStore", "CofferCrypto",
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "CofferFUSETests", dependencies: ["CofferFUSE", "CofferFS"]),
         // Drives the built `coffer` binary: CLI and real FUSE mounts.
-        .testTarget(name: "CofferCLITests", dependencies: ["coffer"]),
+        .testTarget(name: "CofferCLITests", dependencies: ["coffer", "CofferTestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,4 +1,5 @@
 import Foundation
+import CofferTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -9,19 +10,6 @@ import Glibc
 // through the mount; after `fusermount3 -uz` and a remount, everything the worker fsynced must be there,
 // every readable file must hold a state the worker produced, and nothing may read as EIO (a torn or
 // half-committed chunk fails authentication). The worker and the checker are python3 programs (below).
-
-/// SplitMix64: a seeded generator, so a failing round can be replayed with COFFER_CRASH_SEED.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 enum CrashScripts {
     /// What the worker and the checker share: every byte the worker writes is a function of

@@ -1,6 +1,7 @@
 import CofferCrypto
 import Foundation
 import Glibc
+import CofferTestSupport
 import Testing
 @testable import CofferCheck
 @testable import CofferFS

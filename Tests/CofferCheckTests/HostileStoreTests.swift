@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import GRDB
+import CofferTestSupport
 import Testing
 @testable import CofferCheck
 @testable import CofferFS

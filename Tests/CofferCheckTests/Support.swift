@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 import GRDB
 import Logging
+import CofferTestSupport
 import Testing
 @testable import CofferCheck
 @testable import CofferFS
@@ -13,44 +14,6 @@ import Testing
 
 let caller = Caller(uid: 0, gid: 0)
 let rootIno: InodeNumber = 1
-
-func b(_ s: String) -> [UInt8] { Array(s.utf8) }
-
-struct TestFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ d: String) { description = d }
-}
-
-/// #require without a closure inside the macro (Swift Testing 6.3 can run the wrong closure body).
-func required<T>(_ value: T?, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation) throws -> T {
-    guard let value else {
-        Issue.record("required value is nil\(comment.map { ": \($0)" } ?? "")", sourceLocation: sourceLocation)
-        throw TestFailure("required value is nil")
-    }
-    return value
-}
-
-/// Deterministic bytes.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    mutating func bytes(_ n: Int) -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: n)
-        var i = 0
-        while i < n {
-            var v = next()
-            for _ in 0 ..< 8 where i < n { out[i] = UInt8(truncatingIfNeeded: v); v >>= 8; i += 1 }
-        }
-        return out
-    }
-}
 
 /// A store in a temp dir with a filesystem over it (random keys, no KDF). `unmount()` ends the
 /// filesystem; `check()` and `repair()` then work on the store file as `coffer fsck` does.

@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import Glibc
+import CofferTestSupport
 import Testing
 @testable import CofferFS
 @testable import CofferStore

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import CofferTestSupport
 import Testing
 @testable import CofferFS
 @testable import CofferStore

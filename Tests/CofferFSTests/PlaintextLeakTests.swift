@@ -2,6 +2,7 @@ import CofferCrypto
 import Foundation
 import Glibc
 import Logging
+import CofferTestSupport
 import Testing
 @testable import CofferFS
 @testable import CofferStore

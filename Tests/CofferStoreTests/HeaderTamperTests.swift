@@ -1,5 +1,6 @@
 import CofferCrypto
 import Foundation
+import CofferTestSupport
 import Testing
 @testable import CofferStore
 

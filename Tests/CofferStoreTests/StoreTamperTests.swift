@@ -1,6 +1,7 @@
 import CofferCrypto
 import Foundation
 import GRDB
+import CofferTestSupport
 import Testing
 @testable import CofferStore
 

@@ -1,6 +1,7 @@
 import CofferCrypto
 import Foundation
 import Glibc
+import CofferTestSupport
 import Testing
 @testable import CofferStore
 
@@ -18,12 +19,6 @@ func fastOptions(recovery: Bool = true, chunkSize: Int = 65536) -> Container.Cre
 
 func secure(_ s: String) -> SecureBytes { SecureBytes(copying: Array(s.utf8)) }
 func passwordSecret(_ s: String) -> Secret { Secret(kind: .password, bytes: secure(s)) }
-func b(_ s: String) -> [UInt8] { Array(s.utf8) }
-
-struct TestFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ d: String) { description = d }
-}
 
 /// A fresh private directory, removed when `body` returns (or throws).
 func withTempDir<T>(_ body: (String) throws -> T) throws -> T {
@@ -94,28 +89,6 @@ extension StoreError {
     }
 }
 
-/// SplitMix64: a tiny deterministic generator for seeded fuzzing.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    mutating func bytes(_ n: Int) -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: n)
-        var i = 0
-        while i < n {
-            var v = next()
-            for _ in 0 ..< 8 where i < n { out[i] = UInt8(truncatingIfNeeded: v); v >>= 8; i += 1 }
-        }
-        return out
-    }
-}
-
 /// A test store with random keys (no KDF: fast), created in `dir`.
 func makeStore(in dir: String, name: String = "store.db") throws -> (store: EntityStore, keys: ContainerKeys, path: String) {
     let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
@@ -130,34 +103,7 @@ func sampleInode(size: UInt64 = 0, contentId: UInt64 = 0, mode: UInt32 = 0o10064
                        contentId: contentId, symlinkTarget: target)
 }
 
-// MARK: Error expectations
-// Closures are kept out of #expect's arguments on purpose: with Swift 6.3, a closure literal inside
-// #expect(...) next to another closure passed to the same helper in the same scope can run the wrong
-// closure body (seen: the value of the previous closure was reported). These helpers take the closure
-// as an ordinary trailing closure and record issues themselves.
-
-func expectError<E: Error & Equatable, T>(_ expected: E, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
-                                          _ body: () throws -> T) {
-    do {
-        _ = try body()
-        Issue.record("expected \(expected), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
-    } catch let e as E {
-        if e != expected { Issue.record("expected \(expected), got \(e)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation) }
-    } catch {
-        Issue.record("expected \(expected), got \(type(of: error)): \(error)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
-    }
-}
-
-func expectSomeError<E: Error, T>(_ type: E.Type, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
-                                  _ body: () throws -> T) {
-    do {
-        _ = try body()
-        Issue.record("expected a \(E.self), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
-    } catch is E {
-    } catch {
-        Issue.record("expected a \(E.self), got \(Swift.type(of: error)): \(error)", sourceLocation: sourceLocation)
-    }
-}
+// MARK: Error expectations (the shared ones are in CofferTestSupport)
 
 func expectAuthFailure<T>(_ kind: EntityKind, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
                           _ body: () throws -> T) {
@@ -173,11 +119,3 @@ func expectAuthFailure<T>(_ kind: EntityKind, _ comment: Comment? = nil, sourceL
     }
 }
 
-/// #require without a closure inside the macro (see the note above).
-func required<T>(_ value: T?, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation) throws -> T {
-    guard let value else {
-        Issue.record("required value is nil\(comment.map { ": \($0)" } ?? "")", sourceLocation: sourceLocation)
-        throw TestFailure("required value is nil")
-    }
-    return value
-}
