@@ -73,11 +73,7 @@ struct FsckCommand: ParsableCommand {
         } catch { return fail(CLIFailure.from(error).message, &report) }
         return withExtendedLifetime(lock) { () -> Int32 in
             let keys: ContainerKeys
-            do {
-                let s = try secret.secret()
-                do { keys = try c.unlock(s).keys } catch { s.bytes.wipe(); throw error }
-                s.bytes.wipe()
-            } catch { return fail(CLIFailure.from(error).message, &report) }
+            do { keys = try secret.unlock(c).keys } catch { return fail(CLIFailure.from(error).message, &report) }
             defer { keys.wipe() }
             return checkAndRepair(c, keys: keys, &report)
         }

@@ -29,9 +29,7 @@ struct InfoCommand: ParsableCommand {
                 print("  \(slot.id)  \(slot.kind.rawValue.padding(toLength: 9, withPad: " ", startingAt: 0)) \(describe(slot.kdf))\(slot.label.map { "  \"\($0)\"" } ?? "")")
             }
             guard unlock || secret.isGiven else { return }
-            let s = try secret.secret()
-            let (keys, slotId) = try c.unlock(s)
-            s.bytes.wipe()
+            let (keys, slotId) = try secret.unlock(c)
             defer { keys.wipe() }
             let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: true)
             defer { store.close() }

@@ -13,8 +13,7 @@ enum Logging {
         let lvl = Logger.Level(rawValue: level.lowercased()) ?? .notice
         let journal = JournalStream.isStandardError()
         LoggingSystem.bootstrap { label in
-            var h: LogHandler
-            if toSyslog { h = SyslogLogHandler() } else if journal { h = JournalLogHandler() } else { h = StderrLogHandler() }
+            var h = CofferLogHandler(toSyslog ? .syslog : journal ? .journal : .stderr)
             h.logLevel = lvl
             return h
         }
@@ -76,8 +75,18 @@ final class RepeatFilter: @unchecked Sendable {
     }
 }
 
-/// A terminal or a file: time, level, message.
-struct StderrLogHandler: LogHandler {
+/// One handler for the three places logs go; they differ only in how a line is written.
+struct CofferLogHandler: LogHandler {
+    enum Sink {
+        /// A terminal or a file: time, level, message.
+        case stderr
+        /// The journal: a `<N>` priority prefix; the journal adds time and unit itself.
+        case journal
+        /// syslog(3), for a daemon in the background.
+        case syslog
+    }
+
+    let sink: Sink
     var logLevel: Logger.Level = .notice
     var metadata: Logger.Metadata = [:]
     subscript(metadataKey key: String) -> Logger.Metadata.Value? {
@@ -85,45 +94,34 @@ struct StderrLogHandler: LogHandler {
         set { metadata[key] = newValue }
     }
 
-    func log(event: LogEvent) {
-        let text = Logging.text(event, metadata)
-        guard Logging.repeats.admits(event.level, text) else { return }
-        let time = ISO8601DateFormatter().string(from: Date())
-        FileHandle.standardError.write(Data("\(time) \(event.level) coffer: \(text)\n".utf8))
-    }
-}
-
-struct JournalLogHandler: LogHandler {
-    var logLevel: Logger.Level = .notice
-    var metadata: Logger.Metadata = [:]
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { metadata[key] }
-        set { metadata[key] = newValue }
+    init(_ sink: Sink) {
+        self.sink = sink
+        if sink == .syslog { openlog("coffer", LOG_PID, LOG_DAEMON) }
     }
 
     func log(event: LogEvent) {
         let text = Logging.text(event, metadata)
         guard Logging.repeats.admits(event.level, text) else { return }
-        let line = "<\(Logging.priority(event.level))>" + text + "\n"
-        FileHandle.standardError.write(Data(line.utf8))
-    }
-}
-
-struct SyslogLogHandler: LogHandler {
-    var logLevel: Logger.Level = .notice
-    var metadata: Logger.Metadata = [:]
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { metadata[key] }
-        set { metadata[key] = newValue }
-    }
-
-    init() { openlog("coffer", LOG_PID, LOG_DAEMON) }
-
-    func log(event: LogEvent) {
-        let text = Logging.text(event, metadata)
-        guard Logging.repeats.admits(event.level, text) else { return }
-        text.withCString { message in
-            withVaList([message]) { vsyslog(Logging.priority(event.level), "%s", $0) }
+        switch sink {
+        case .stderr:
+            let time = Self.timestamp()
+            FileHandle.standardError.write(Data("\(time) \(event.level) coffer: \(text)\n".utf8))
+        case .journal:
+            FileHandle.standardError.write(Data("<\(Logging.priority(event.level))>\(text)\n".utf8))
+        case .syslog:
+            text.withCString { message in
+                withVaList([message]) { vsyslog(Logging.priority(event.level), "%s", $0) }
+            }
         }
+    }
+
+    /// UTC, ISO 8601 to the second (strftime on a gmtime_r result: thread-safe, no formatter object).
+    private static func timestamp() -> String {
+        var now = time(nil)
+        var parts = tm()
+        gmtime_r(&now, &parts)
+        var buffer = [CChar](repeating: 0, count: 32)
+        let n = strftime(&buffer, buffer.count, "%Y-%m-%dT%H:%M:%SZ", &parts)
+        return String(decoding: buffer.prefix(n).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }

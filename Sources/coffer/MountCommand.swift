@@ -164,11 +164,7 @@ struct MountCommand: ParsableCommand {
         try Mountpoint.check(mnt, allowNonEmpty: opts.nonempty)
         let lock = try ContainerLock(root: c.root)
         notifier?.status("Unlocking the container")
-        let s = try secret.secret()
-        let unlocked: (keys: ContainerKeys, slotId: String)
-        do { unlocked = try c.unlock(s) } catch { s.bytes.wipe(); throw error }
-        s.bytes.wipe()
-        let keys = unlocked.keys
+        let keys = try secret.unlock(c).keys
         do {
             notifier?.status("Opening the store")
             let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: opts.readOnly)

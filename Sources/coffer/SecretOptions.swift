@@ -33,6 +33,13 @@ struct SecretOptions: ParsableArguments {
         return Secret.fromPassword(try password(prompt: prompt, confirm: false))
     }
 
+    /// Reads the secret and unlocks `container` with it; the secret is wiped on every path.
+    func unlock(_ container: Container) throws -> (keys: ContainerKeys, slotId: String) {
+        let s = try secret()
+        defer { s.bytes.wipe() }
+        return try container.unlock(s)
+    }
+
     /// A password, from the given source or a no-echo prompt (asked twice when `confirm`).
     func password(prompt: String, confirm: Bool) throws -> SecureBytes {
         if let passfile { return try SecretReader.firstLine(ofFile: passfile) }

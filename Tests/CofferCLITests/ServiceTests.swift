@@ -352,13 +352,15 @@ struct ServiceTests {
         #expect(!debug.contains(sb.password), "the password reached the debug log")
     }
 
-    @Test func damagedEntityIsOneErrorLineWithoutTheFileName() throws {
-        // The integrity tests' container and attack: one bit flipped in a chunk of paged.bin.
-        let w = try IntegrityTests.World("logdamage")
+    /// Flips a bit in a chunk of the integrity tests' paged.bin, mounts in the foreground with
+    /// `extra` arguments, reads the file (which must be EIO), stops the daemon with SIGTERM and
+    /// returns its stderr and the file's inode number.
+    func readDamagedFile(_ label: String, extra: [String] = []) throws -> (stderr: String, ino: UInt64) {
+        let w = try IntegrityTests.World(label)
         defer { w.cleanup() }
         try w.edit(IntegrityTests.flipOneBit + "flip('chunks', 'file = \(IntegrityTests.pagedFile) AND idx = 4')")
         let sb = w.sb
-        let child = try ServiceChild(["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile], environment: [:])
+        let child = try ServiceChild(["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile] + extra, environment: [:])
         defer { child.stop() }
         let up = E2E.wait(30) { E2E.answersAsMount(sb.mnt) }
         try #require(up, "mount did not come up: \(child.stderr)")
@@ -368,33 +370,24 @@ struct ServiceTests {
         #expect(eio, "reading the damaged file was not EIO")
         #expect(child.spawned.signal(SIGTERM))
         #expect(child.spawned.wait(timeout: 30) == 0, "\(child.stderr)")
-        let lines = child.stderr.split(separator: "\n")
+        return (child.stderr, try #require(w.inodes["paged.bin"]))
+    }
+
+    @Test func damagedEntityIsOneErrorLineWithoutTheFileName() throws {
+        let (stderr, _) = try readDamagedFile("logdamage")
+        let lines = stderr.split(separator: "\n")
         let damageLines = lines.filter { $0.contains("damaged") }
-        #expect(damageLines.count == 1, "expected one line about the damage: \(child.stderr)")
+        #expect(damageLines.count == 1, "expected one line about the damage: \(stderr)")
         let errorLines = lines.filter { $0.contains(" error ") }
-        #expect(errorLines.count == 1, "\(child.stderr)")
-        #expect(!child.stderr.contains("paged"), "the file name reached the log at the default level: \(child.stderr)")
+        #expect(errorLines.count == 1, "\(stderr)")
+        #expect(!stderr.contains("paged"), "the file name reached the log at the default level: \(stderr)")
     }
 
     /// At debug level the damaged file is named by its path in the mount (issue "Integrity": the
     /// log names the path when known; issue "Service": names only at debug).
     @Test func damagedFileIsNamedByItsPathAtDebugLevel() throws {
-        let w = try IntegrityTests.World("logdamagepath")
-        defer { w.cleanup() }
-        try w.edit(IntegrityTests.flipOneBit + "flip('chunks', 'file = \(IntegrityTests.pagedFile) AND idx = 4')")
-        let sb = w.sb
-        let child = try ServiceChild(["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile, "--log-level", "debug"], environment: [:])
-        defer { child.stop() }
-        let up = E2E.wait(30) { E2E.answersAsMount(sb.mnt) }
-        try #require(up, "mount did not come up: \(child.stderr)")
-        let damaged = IntegrityTests.readFile(sb.mnt + "/paged.bin")
-        let eio: Bool
-        if case .failure(let e) = damaged { eio = e.code == EIO } else { eio = false }
-        #expect(eio, "reading the damaged file was not EIO")
-        #expect(child.spawned.signal(SIGTERM))
-        #expect(child.spawned.wait(timeout: 30) == 0, "\(child.stderr)")
-        let ino = try #require(w.inodes["paged.bin"])
-        #expect(child.stderr.contains("the damaged file (inode \(ino)) is /paged.bin in the mount"), "\(child.stderr.suffix(3000))")
+        let (stderr, ino) = try readDamagedFile("logdamagepath", extra: ["--log-level", "debug"])
+        #expect(stderr.contains("the damaged file (inode \(ino)) is /paged.bin in the mount"), "\(stderr.suffix(3000))")
     }
 
     @Test func refusedMountIsOneLine() throws {
