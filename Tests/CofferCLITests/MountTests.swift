@@ -296,7 +296,7 @@ struct MountTests {
     }
 
     @Test func promptedPasswordGoesThroughAPipe() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("argvprompt")
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
@@ -316,7 +316,7 @@ struct MountTests {
     }
 
     @Test func fsyncedDataSurvivesSIGKILL() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("sigkill")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -442,6 +442,57 @@ struct MountTests {
         #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact after a remount")
         #expect(E2E.read(sb.mnt + "/after")?.count == 1 << 20)
     }
+
+    /// Many small files written in 10 KiB records (they wait in the tail buffer until fsync or
+    /// close) until the disk is full: every failure is ENOSPC, from write or fsync, every file
+    /// whose fsync succeeded reads back, and the daemon keeps running.
+    @Test func smallFilesUntilTheDiskIsFull() throws {
+        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        let sb = try Sandbox("enospcsmall")
+        defer { sb.cleanup() }
+        let disk = sb.root + "/disk"
+        try #require(mkdir(disk, 0o700) == 0)
+        let tmpfs = E2E.sh("mount -t tmpfs -o size=24m tmpfs '\(disk)'")
+        try #require(tmpfs.ok, "\(tmpfs)")
+        defer { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") }
+        let container = disk + "/c"
+        try #require(sb.initContainer(container: container).ok)
+        try #require(sb.mount(container: container).ok)
+        defer { _ = sb.unmount() }
+        let keep = E2E.randomBytes(3_000_000)
+        try E2E.write(sb.mnt + "/keep.bin", keep)
+        #expect(E2E.sh("sync '\(sb.mnt)/keep.bin'").ok)
+        let pid = E2E.daemonPid(container: container)
+        let appends = E2E.py(#"""
+            import errno, os, sys
+            ok, full = [], 0
+            for i in range(1000):
+                p = os.path.join(sys.argv[1], 'small%d' % i)
+                data = bytes([i % 251]) * 30000
+                try:
+                    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+                    try:
+                        for k in range(0, len(data), 10240):
+                            os.write(fd, data[k:k + 10240])
+                        os.fsync(fd)
+                        ok.append(i)
+                    finally:
+                        os.close(fd)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        print('unexpected', e); sys.exit(3)
+                    full += 1
+            for i in ok:
+                if open(os.path.join(sys.argv[1], 'small%d' % i), 'rb').read() != bytes([i % 251]) * 30000:
+                    print('wrong bytes in small%d' % i); sys.exit(4)
+            print(len(ok), full)
+            """#, [sb.mnt])
+        #expect(appends.ok, "\(appends)")
+        let counts = appends.stdout.split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        #expect(counts.count == 2 && counts[1] > 0, "the full disk must refuse some small files: \(appends)")
+        #expect(pid.map(E2E.isAlive) == true, "the daemon keeps running after failed tail flushes")
+        #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact")
+    }
 }
 
 /// Chunk rows deleted from an unmounted container: the file reads as EIO, never as zeros; the
@@ -450,7 +501,7 @@ struct MountTests {
     @Test(arguments: ["idx = 1", "idx = (SELECT max(idx) FROM chunks c2 WHERE c2.file = chunks.file)"])
     func deletedChunkIsEIO(which: String) throws {
         guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
-        guard E2E.which("sqlite3") != nil else { print("skipped: sqlite3 missing"); return }
+        guard E2E.which("sqlite3") != nil else { Issue.record("sqlite3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("chunkdel")
         defer { sb.cleanup() }
         try sb.initAndMount()

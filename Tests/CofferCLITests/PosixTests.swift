@@ -47,7 +47,7 @@ struct PosixTests {
     }
 
     @Test func rsyncKeepsHardLinksAndXattrs() throws {
-        guard let rsync = E2E.which("rsync") else { print("skipped: rsync is not installed"); return }
+        guard let rsync = E2E.which("rsync") else { Issue.record("rsync is not installed (make test-deps installs it)"); return }
         let sb = try Sandbox("rsync")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -116,7 +116,7 @@ struct PosixTests {
     }
 
     @Test func writeAndReadBeyond4GiB() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("big")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -147,7 +147,7 @@ struct PosixTests {
     }
 
     @Test func appendExclusiveAndTruncOpen() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("append")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -183,7 +183,7 @@ struct PosixTests {
     }
 
     @Test func renameVariants() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("rename")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -304,7 +304,7 @@ struct PosixTests {
     }
 
     @Test func syncFsyncFdatasyncAndStatfs() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("fsync")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -391,7 +391,7 @@ struct PosixTests {
     }
 
     @Test func nameLengthLimit() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("names")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -478,7 +478,7 @@ struct PosixTests {
     }
 
     @Test func unlinkOfAnOpenFile() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("unlinkopen")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -547,7 +547,7 @@ struct PosixTests {
     }
 
     @Test func tenThousandEntriesInOneDirectory() throws {
-        guard E2E.python != nil else { print("skipped: python3 missing"); return }
+        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("manyfiles")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -570,7 +570,7 @@ struct PosixTests {
     }
 
     @Test func sqliteDatabase() throws {
-        guard let sqlite = E2E.which("sqlite3") else { print("skipped: sqlite3 CLI is not installed"); return }
+        guard let sqlite = E2E.which("sqlite3") else { Issue.record("sqlite3 CLI is not installed (make test-deps installs it)"); return }
         let sb = try Sandbox("sqlite")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -596,7 +596,7 @@ struct PosixTests {
     }
 
     @Test func gitInitAndCommit() throws {
-        guard let git = E2E.which("git") else { print("skipped: git is not installed"); return }
+        guard let git = E2E.which("git") else { Issue.record("git is not installed (make test-deps installs it)"); return }
         let sb = try Sandbox("git")
         defer { sb.cleanup() }
         try sb.initAndMount()
