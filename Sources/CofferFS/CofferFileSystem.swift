@@ -241,21 +241,22 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     // MARK: Group commit
 
-    /// Writes every changed record and makes it durable in one commit.
+    /// Writes every changed record and makes it durable in one commit (fsync, fsyncdir, unmount).
     public func commit() throws(FSError) {
-        try meta.withLock { () throws(FSError) in try commitLocked() }
+        try meta.withLock { () throws(FSError) in try commitLocked(durable: true) }
     }
 
-    /// Commits (changed records first) once the open transaction is old or large enough.
+    /// Commits (changed records first) once the open transaction is old or large enough. Atomic,
+    /// not synced: durability is what fsync asks for, and it syncs every commit before it.
     func commitIfDue() throws(FSError) {
         guard !options.readOnly, store.isCommitDue(age: options.commitInterval, volume: options.commitVolume) else { return }
-        try meta.withLock { () throws(FSError) in try commitLocked() }
+        try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
     }
 
-    private func commitLocked() throws(FSError) {
+    private func commitLocked(durable: Bool) throws(FSError) {
         do {
             for s in inodes.values where s.dirty { try persist(s) }
-            try store.commit()
+            try store.commit(durable: durable)
         } catch {
             let e = fsError(error)
             if rolledBack { reloadAfterRollback(e) }

@@ -2,6 +2,7 @@ import CofferCrypto
 import Foundation
 import GRDB
 import CofferTestSupport
+import Synchronization
 import Testing
 @testable import CofferStore
 
@@ -161,6 +162,31 @@ struct EntityStoreTests {
             defer { reopened.close() }
             #expect(reopened.generation == g0 + 2)
             #expect(try reopened.inode(50) != nil && reopened.inode(51) != nil)
+        }
+    }
+
+    /// A group commit is atomic and visible to a reopened store, but the rollback ledger hears only of
+    /// durable commits: after a power cut, unsynced commits may be gone, and a ledger that had counted
+    /// them would call the synced store a rollback.
+    @Test func onlyDurableCommitsReachTheLedger() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let heard = Mutex<[UInt64]>([])
+            store.onCommit = { g in heard.withLock { $0.append(g) } }
+            let g0 = store.generation
+            try store.putInode(60, sampleInode())
+            try store.commit(durable: false)
+            #expect(store.generation == g0 + 1)
+            #expect(heard.withLock { $0 }.isEmpty, "a group commit is not durable yet")
+            try store.commit()
+            #expect(heard.withLock { $0 } == [g0 + 1], "a durable commit with nothing new still syncs and reports the last generation")
+            try store.putInode(61, sampleInode())
+            try store.commit(durable: false)
+            store.close()
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            #expect(reopened.generation == g0 + 2)
+            #expect(try reopened.inode(60) != nil && reopened.inode(61) != nil)
         }
     }
 
