@@ -155,6 +155,8 @@ extension CofferFileSystem {
             dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
             try dropLink(s, now: now)
         }
+        // On a full disk, many deletes commit in pieces (EntityStore.isCommitDue).
+        try commitIfDue()
     }
 
     /// One name fewer: the inode goes when its last name goes and nothing holds it open.
@@ -187,6 +189,7 @@ extension CofferFileSystem {
             try destroy(s)
             release(ifUnused: s)
         }
+        try commitIfDue()
     }
 
     func requireEmpty(_ dir: InodeState) throws(FSError) {

@@ -37,6 +37,8 @@ public final class EntityStore: @unchecked Sendable {
         var generation: UInt64 = 0
         var changes = 0
         var bytes = 0
+        /// Statements that add no bytes (deletes): they still dirty pages, which go to the WAL.
+        var deletes = 0
         var since: ContinuousClock.Instant?
         /// A commit since the last WAL fsync: its frames may still be only in the page cache.
         var unsynced = false
@@ -137,7 +139,10 @@ public final class EntityStore: @unchecked Sendable {
         let store = EntityStore(path: path, pool: pool, keys: keys, registry: registry, readOnly: readOnly, location: location)
         try store.checkSchema(registry: registry)
         if !readOnly {
-            do { try configureWriter(pool) } catch { throw .database("\(error)") }
+            do {
+                try configureWriter(pool)
+                store.pageSize = try pool.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+            } catch { throw .database("\(error)") }
             store.checkpointer = Checkpointer(path: path)
             store.reserve = SpaceReserve(directory: (path as NSString).deletingLastPathComponent)
         }
@@ -209,6 +214,8 @@ public final class EntityStore: @unchecked Sendable {
     private var checkpointer: Checkpointer?
     /// Space set aside for recovering from a full disk.
     private var reserve: SpaceReserve?
+    /// The database's page size (a WAL frame holds one page).
+    private var pageSize = 4096
 
     /// The commit generation: grows by one with every commit.
     public var generation: UInt64 { pending.withLock { $0.generation } }
@@ -226,6 +233,7 @@ public final class EntityStore: @unchecked Sendable {
             let result = try body(db)
             pending.withLock { p in
                 p.changes += 1; p.bytes += bytes
+                if bytes == 0 { p.deletes += 1 }
                 if let file { p.dirtyFiles.insert(file) }
             }
             return result
@@ -262,7 +270,7 @@ public final class EntityStore: @unchecked Sendable {
     /// Runs `body` on the writer connection (sees uncommitted changes), mapping errors.
     func writer<T>(_ body: (Database) throws -> T) throws(StoreError) -> T {
         if let db = currentBatchDatabase() {
-            do { return try body(db) } catch let e as StoreError { throw e } catch let e as DatabaseError {
+            do { return try body(db) } catch let e as StoreError { throw e } catch is NoRoomToGrow { throw .diskFull } catch let e as DatabaseError {
                 if e.resultCode == .SQLITE_FULL { throw .diskFull }
                 throw .database(e.message ?? "\(e.resultCode)")
             } catch { throw .database("\(error)") }
@@ -277,6 +285,8 @@ public final class EntityStore: @unchecked Sendable {
         } catch let e as StoreError {
             if e == .diskFull { reserve?.release() }
             throw e
+        } catch is NoRoomToGrow {
+            throw .diskFull
         } catch let e as DatabaseError {
             if e.resultCode == .SQLITE_FULL { reserve?.release(); throw .diskFull }
             if e.resultCode == .SQLITE_READONLY { throw .readOnly }
@@ -285,7 +295,7 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     private func droppedTransaction() {
-        pending.withLock { p in p.since = nil; p.changes = 0; p.bytes = 0; p.dirtyFiles.removeAll() }
+        pending.withLock { p in p.since = nil; p.changes = 0; p.bytes = 0; p.deletes = 0; p.dirtyFiles.removeAll() }
         checkpointer?.checkpointSoon()
         onRollback?()
     }
@@ -302,19 +312,26 @@ public final class EntityStore: @unchecked Sendable {
                 let next = pending.withLock { $0.generation } + 1
                 let sealed = try sealer.seal(StoreStateTransformer(), StoreStateRecord(generation: next, containerId: keys.containerId),
                                              id: Array("state".utf8), cipher: keys.metadata)
+                let low = isLowOnSpace()
                 do {
                     try db.execute(sql: "INSERT OR REPLACE INTO coffer_meta(name, value) VALUES ('state', ?)", arguments: [Data(sealed)])
+                    if low { try refuseGrowthWithoutRoom(db) }
                     try db.execute(sql: "COMMIT")
                 } catch {
                     if db.isInsideTransaction { try? db.execute(sql: "ROLLBACK") }
                     droppedTransaction()
+                    if (error as? DatabaseError)?.resultCode == .SQLITE_FULL { makeRoom(db) }
                     throw error
                 }
                 pending.withLock { p in
-                    p.generation = next; p.since = nil; p.changes = 0; p.bytes = 0; p.dirtyFiles.removeAll(); p.unsynced = true
+                    p.generation = next; p.since = nil; p.changes = 0; p.bytes = 0; p.deletes = 0; p.dirtyFiles.removeAll()
+                    p.unsynced = true
                 }
-                if isLowOnSpace() { _ = try? db.checkpoint(.passive) }
-                if let reserve, !reserve.isHeld, freeSpace() > 64 << 20 { reserve.take() }
+                if low { _ = try? db.checkpoint(.passive) }
+                // Taken back once the disk has room for it and a little more (deletes free pages inside
+                // the database file, not on the disk, so on a disk the container fills this may take
+                // space freed elsewhere).
+                if let reserve, !reserve.isHeld, freeSpace() >= Int64(reserve.size + (1 << 20)) { reserve.take() }
             }
             if durable, pending.withLock({ $0.unsynced }) {
                 try syncWAL()
@@ -338,13 +355,54 @@ public final class EntityStore: @unchecked Sendable {
         }
     }
 
+    /// The disk filled up under a commit (now rolled back): give the reserve back to the disk and
+    /// fold the WAL into the database file at once, with RESTART so the next transaction writes the
+    /// WAL from its start, in space the file already has. Until that checkpoint completes, every
+    /// transaction, even a delete, appends to the WAL and needs new room. On the writer, outside
+    /// a transaction.
+    private func makeRoom(_ db: Database) {
+        reserve?.release()
+        _ = try? db.checkpoint(.restart)
+    }
+
+    /// Thrown by `refuseGrowthWithoutRoom`: reported as a full disk, without releasing the reserve.
+    private struct NoRoomToGrow: Error {}
+
+    /// Low on space, a commit may make the database file longer only by what the disk can still
+    /// take. Its frames fit in the WAL, but the checkpoint that copies them into the database file
+    /// must grow the file; when it cannot, the WAL can never start over and every later
+    /// transaction, deletes included, needs new room: the container is stuck until space is freed
+    /// elsewhere. The growth is the transaction's page count beyond the file's length (which also
+    /// counts what committed frames still owe); the WAL's own growth is estimated from the pending
+    /// bytes beyond the WAL's length. A released reserve's space is owed, not free: it is for
+    /// deletes and checkpoints. Deletes and writes into freed pages do not grow the file and pass.
+    private func refuseGrowthWithoutRoom(_ db: Database) throws {
+        let pageSize = Int64(pageSize)
+        let pages = Int64(try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0)
+        var st = stat()
+        guard stat(path, &st) == 0 else { return }
+        let growth = pages * pageSize - Int64(st.st_size)
+        guard growth > 0 else { return }
+        let walGrowth = max(0, Int64(pending.withLock { $0.bytes }) + 16 * pageSize - walSize())
+        if growth + walGrowth > freeSpace() - (reserve?.owed ?? 0) { throw NoRoomToGrow() }
+    }
+
     /// True when the open transaction is older than `age` or holds more than `volume` bytes, or
     /// more than an eighth of the disk's free space (a filling disk commits in smaller groups).
+    ///
+    /// Deletes add no bytes but dirty pages all the same (332 unlinks in one group dirtied from 21
+    /// to more than the 145 pages a 2.4 MB WAL holds, depending on the order), and a full disk has no room for a WAL
+    /// longer than the one it has. So when space is short, deletes commit in pieces, each small
+    /// enough (a page per statement, against half the WAL's length plus the free space) to be
+    /// written over the WAL from its start once the previous piece was checkpointed.
     public func isCommitDue(age: Duration = .seconds(1), volume: Int = 64 << 20) -> Bool {
-        let (since, bytes) = pending.withLock { ($0.since, $0.bytes) }
+        let (since, bytes, deletes) = pending.withLock { ($0.since, $0.bytes, $0.deletes) }
         guard let since else { return false }
         if bytes >= volume || ContinuousClock.now - since >= age { return true }
-        return bytes >= 1 << 20 && Int64(bytes) >= freeSpace() / 8
+        if bytes >= 1 << 20 && Int64(bytes) >= freeSpace() / 8 { return true }
+        guard deletes >= 32 else { return false }
+        let room = walSize() + freeSpace() - (reserve?.owed ?? 0)
+        return isLowOnSpace() && Int64(deletes) * Int64(pageSize) >= room / 2
     }
 
     /// Bytes available to us on the container's disk.
@@ -530,8 +588,10 @@ public final class EntityStore: @unchecked Sendable {
                 let rc = c.sealed.withUnsafeBytes { sqlite3_bind_blob(stmt, 3, $0.baseAddress, Int32($0.count), nil) }
                 guard rc == SQLITE_OK else { throw StoreError.from(code: rc, stmt) }
                 let step = sqlite3_step(stmt)
-                sqlite3_bind_null(stmt, 3)
+                // Reset before unbinding (binding a statement that is still running is a misuse): the
+                // sealed buffer was bound without a copy and is gone after this iteration.
                 sqlite3_reset(stmt)
+                sqlite3_bind_null(stmt, 3)
                 guard step == SQLITE_DONE else { throw StoreError.from(code: step, stmt) }
             }
         }

@@ -5,13 +5,16 @@ import Glibc
 /// In WAL mode even a delete needs room: new WAL frames, and a checkpoint that copies them into the
 /// database file. When a transaction fails for lack of space, the reserve is released so the user
 /// can delete files and the store can fold its WAL in; it is taken again once there is room.
-/// Not needed to open a container.
+/// While released its size stays owed (`owed`): the store lets no commit grow the database into
+/// it, or the writer that filled the disk would fill the reserve too and nothing would be left
+/// for deletes. Not needed to open a container.
 final class SpaceReserve: @unchecked Sendable {
     static let fileName = "coffer.reserve"
     private let path: String
-    private let size: Int
+    let size: Int
     private var lock = pthread_mutex_t()
     private var held = false
+    private var released = false
 
     init(directory: String, size: Int = 8 << 20) {
         path = directory + "/" + Self.fileName
@@ -29,7 +32,7 @@ final class SpaceReserve: @unchecked Sendable {
         guard fd >= 0 else { return }
         defer { close(fd) }
         held = posix_fallocate(fd, 0, off_t(size)) == 0
-        if !held { ftruncate(fd, 0) }
+        if held { released = false } else { ftruncate(fd, 0) }
     }
 
     /// Gives the reserved space back to the filesystem (after a transaction failed for lack of it).
@@ -39,10 +42,18 @@ final class SpaceReserve: @unchecked Sendable {
         let fd = open(path, O_WRONLY | O_CLOEXEC)
         if fd >= 0 { ftruncate(fd, 0); close(fd) }
         held = false
+        released = true
     }
 
     var isHeld: Bool {
         pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
         return held
+    }
+
+    /// Bytes of free space that belong to the reserve: its size after `release` until it is taken
+    /// again (not when it could not be taken at mount: then there is no reserve to keep).
+    var owed: Int64 {
+        pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
+        return released ? Int64(size) : 0
     }
 }

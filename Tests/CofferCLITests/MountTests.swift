@@ -493,6 +493,77 @@ struct MountTests {
         #expect(pid.map(E2E.isAlive) == true, "the daemon keeps running after failed tail flushes")
         #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact")
     }
+
+    /// Small fsynced files until the disk is full (the writer keeps trying after the first ENOSPC,
+    /// as cp -r does), then all of them deleted at once: the deletes commit (fsync of the
+    /// directory succeeds), a 1 MiB file can be written, and after a remount the deleted files
+    /// stay deleted. The writer used to fill the space the reserve gave back, and the last
+    /// commits' frames could not be checkpointed into the database file, so the WAL could not
+    /// start over and even the deletes needed new room (docs/MEASUREMENTS.md, "Full disk").
+    @Test func deletingManySmallFilesOnAFullDisk() throws {
+        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        let sb = try Sandbox("enospcrm")
+        defer { sb.cleanup() }
+        let disk = sb.root + "/disk"
+        try #require(mkdir(disk, 0o700) == 0)
+        let tmpfs = E2E.sh("mount -t tmpfs -o size=24m tmpfs '\(disk)'")
+        try #require(tmpfs.ok, "\(tmpfs)")
+        defer { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") }
+        let container = disk + "/c"
+        try #require(sb.initContainer(container: container).ok)
+        try #require(sb.mount(container: container).ok)
+        defer { _ = sb.unmount() }
+        let keep = E2E.randomBytes(3_000_000)
+        try E2E.write(sb.mnt + "/keep.bin", keep)
+        #expect(E2E.sh("sync '\(sb.mnt)/keep.bin'").ok)
+        let fill = E2E.py(#"""
+            import errno, os, sys
+            made, full, streak = 0, 0, 0
+            for i in range(3000):
+                if streak >= 50: break
+                p = os.path.join(sys.argv[1], 'small%d' % i)
+                try:
+                    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+                    try:
+                        os.write(fd, bytes([i % 251]) * 30000)
+                        os.fsync(fd)
+                        streak = 0
+                    finally:
+                        os.close(fd)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        print('unexpected', e); sys.exit(3)
+                    full += 1; streak += 1
+            names = [n for n in os.listdir(sys.argv[1]) if n.startswith('small')]
+            for n in names:
+                os.unlink(os.path.join(sys.argv[1], n))
+            d = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(d)
+            except OSError as e:
+                print('fsync of the directory after deleting:', e); sys.exit(5)
+            finally:
+                os.close(d)
+            print(len(names), full)
+            """#, [sb.mnt])
+        #expect(fill.ok, "\(fill)")
+        let counts = fill.stdout.split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        #expect(counts.count == 2 && counts[0] > 100 && counts[1] > 0, "many small files, then ENOSPC: \(fill)")
+        let after = E2E.randomBytes(1 << 20)
+        do { try E2E.write(sb.mnt + "/after", after) } catch { Issue.record("writing 1 MiB after deleting: \(error)") }
+        let synced = E2E.sh("sync '\(sb.mnt)/after'")
+        #expect(synced.ok, "a 1 MiB file can be written and synced after deleting: \(synced)")
+        #expect(E2E.read(sb.mnt + "/after").map { $0 == after } == true, "the new file reads back")
+        let u = sb.unmount()
+        try #require(u.ok, "\(u)")
+        let r = sb.mount(container: container)
+        try #require(r.ok, "\(r)")
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: sb.mnt))?.sorted() ?? []
+        let onlyTheKeptFiles = names == ["after", "keep.bin"]
+        #expect(onlyTheKeptFiles, "the deleted files stay deleted after a remount: \(names.prefix(5)) (\(names.count) names)")
+        #expect(E2E.read(sb.mnt + "/after").map { $0 == after } == true, "the file written after deleting reads back after a remount")
+        #expect(E2E.read(sb.mnt + "/keep.bin").map { $0 == keep } == true, "synced data is intact after a remount")
+    }
 }
 
 /// Chunk rows deleted from an unmounted container: the file reads as EIO, never as zeros; the
