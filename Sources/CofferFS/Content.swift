@@ -50,9 +50,6 @@ extension CofferFileSystem {
         }
     }
 
-    /// Nothing to do at close: changed records go out with the next group commit, which is at most
-    /// `commitInterval` away, or at fsync.
-    public func flush(_ ino: InodeNumber, handle: HandleID) throws(FSError) {}
 
     /// Durable once it returns: the group transaction, with this file in it, is committed.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {

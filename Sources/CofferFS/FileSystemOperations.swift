@@ -31,7 +31,6 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8]
     /// Returns the number of bytes written (all of them unless an error is thrown).
     func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int
-    func flush(_ ino: InodeNumber, handle: HandleID) throws(FSError)
     func release(_ ino: InodeNumber, handle: HandleID)
     func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError)
     /// mode: 0 or FALLOC_FL_KEEP_SIZE (1); others give EOPNOTSUPP.

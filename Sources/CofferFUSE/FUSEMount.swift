@@ -202,7 +202,7 @@ public final class FUSEMount: @unchecked Sendable {
             "type": "fuse.\(options.subtype)", "readOnly": "\(options.readOnly || filesystem.isReadOnly)",
         ])
 
-        startWatcher(deviceBefore: deviceBefore, onReady: onReady)
+        startWatcher(deviceBefore: deviceBefore, context: ctx, onReady: onReady)
 
         let result: Int32
         if options.singleThreaded {
@@ -228,9 +228,10 @@ public final class FUSEMount: @unchecked Sendable {
     }
 
     /// One helper thread: first waits until a stat(2) of the mountpoint is answered by this session
-    /// (then calls `onReady`), then watches for an exit flag set by a signal that reached a thread
+    /// (then relaxes the writeback limits if the kernel granted the writeback cache, and calls
+    /// `onReady`), then watches for an exit flag set by a signal that reached a thread
     /// which libfuse's loop does not watch, and wakes the loop.
-    private func startWatcher(deviceBefore: UInt?, onReady: @escaping @Sendable () -> Void) {
+    private func startWatcher(deviceBefore: UInt?, context: FUSEContext, onReady: @escaping @Sendable () -> Void) {
         let path = mountpoint
         let log = logger
         Thread.detachNewThread { [self] in
@@ -240,6 +241,9 @@ public final class FUSEMount: @unchecked Sendable {
                 if stat(path, &st) == 0 {
                     if deviceBefore == nil || st.st_dev != deviceBefore {
                         ready = true
+                        if context.writebackGranted.load(ordering: .acquiring) {
+                            WritebackLimits.relax(device: st.st_dev, logger: log)
+                        }
                         onReady()
                     } else {
                         usleep(5_000)

@@ -28,7 +28,9 @@ enum LowLevelOps {
         ops.open = { req, ino, fi in LowLevelOps.open(req, ino, fi) }
         ops.read = { req, ino, size, off, fi in LowLevelOps.read(req, ino, size, off, fi) }
         ops.write = { req, ino, buf, size, off, fi in LowLevelOps.write(req, ino, buf, size, off, fi) }
-        ops.flush = { req, ino, fi in LowLevelOps.flush(req, ino, fi) }
+        // No flush: close has nothing to do (changes go out with the group commit; locks are
+        // kernel-local). libfuse answers ENOSYS once and the kernel stops sending FLUSH; `noflush`
+        // alone is ignored by the kernel when the writeback cache is on.
         ops.release = { req, ino, fi in LowLevelOps.release(req, ino, fi) }
         ops.fsync = { req, ino, datasync, fi in LowLevelOps.fsync(req, ino, datasync, fi) }
         ops.opendir = { req, ino, fi in LowLevelOps.opendir(req, ino, fi) }
@@ -374,17 +376,6 @@ enum LowLevelOps {
             let written = try ctx.fs.write(ino, handle: fi.pointee.fh, offset: UInt64(off),
                                            data: UnsafeRawBufferPointer(start: buf, count: size))
             fuse_reply_write(req, max(0, min(written, size)))
-        } catch {
-            reply(req, error: error)
-        }
-    }
-
-    static func flush(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
-        guard let ctx = context(req) else { fuse_reply_err(req, EIO); return }
-        guard let fi else { fuse_reply_err(req, EBADF); return }
-        do {
-            try ctx.fs.flush(ino, handle: fi.pointee.fh)
-            replyOK(req)
         } catch {
             reply(req, error: error)
         }

@@ -11,6 +11,10 @@ struct MountOptionSet {
     var autoUnmount = false
     var nonempty = false
     var plainSymlinks = false
+    /// The kernel's writeback cache: writes land in the page cache and reach the daemon in large
+    /// batches (docs/MEASUREMENTS.md). Off by default: with it, a daemon killed on a full disk while
+    /// the kernel still flushes the failed file's pages sometimes leaves a container that cannot
+    /// delete until space is freed elsewhere (KilledOnAFullDiskTests, 1 run in 3 under load).
     var writebackCache = false
     var singleThreaded = false
     var allowRollback = false
@@ -38,6 +42,7 @@ struct MountOptionSet {
             case ("nonempty", nil): nonempty = true
             case ("plain_symlinks", nil): plainSymlinks = true
             case ("writeback_cache", nil): writebackCache = true
+            case ("no_writeback_cache", nil): writebackCache = false
             case ("single_thread", nil): singleThreaded = true
             case ("allow_rollback", nil): allowRollback = true
             case (let k, nil) where Self.passthroughFlags.contains(k): passthrough.append(k)

@@ -85,6 +85,29 @@ struct MountTests {
         #expect(sb.unmount().ok)
     }
 
+    /// With the writeback cache, a root daemon lifts the kernel's strict dirty-page limit for its own
+    /// mount (and only with it: without the cache the kernel's limits stay as they are).
+    @Test(.enabled(if: E2E.isRoot, "only root may change /sys/class/bdi")) func writebackLimitsFollowTheCache() throws {
+        let sb = try Sandbox("bdi")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        func limits() throws -> (ratio: String, strict: String) {
+            let dev = try #require(E2E.device(sb.mnt))
+            let dir = "/sys/class/bdi/\((dev >> 8) & 0xfff | (dev >> 32) & ~0xfff):\(dev & 0xff | (dev >> 12) & ~0xff)"
+            let ratio = try String(contentsOfFile: dir + "/max_ratio", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+            let strict = try String(contentsOfFile: dir + "/strict_limit", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+            return (ratio, strict)
+        }
+        try #require(sb.mount(options: "writeback_cache").ok)
+        let relaxed = try limits()
+        #expect(relaxed.ratio == "20" && relaxed.strict == "0", "with the writeback cache: \(relaxed)")
+        #expect(sb.unmount().ok)
+        try #require(sb.mount().ok)
+        let kernel = try limits()
+        #expect(kernel.ratio == "1" && kernel.strict == "1", "without it the kernel's FUSE defaults stay: \(kernel)")
+        #expect(sb.unmount().ok)
+    }
+
     @Test func wrongPasswordMountsNothing() throws {
         let sb = try Sandbox("mountwrong")
         defer { sb.cleanup() }

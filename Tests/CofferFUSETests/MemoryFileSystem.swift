@@ -384,10 +384,6 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
         }
     }
 
-    func flush(_ ino: InodeNumber, handle: HandleID) throws(FSError) {
-        state.withLock { Self.note(&$0, "flush") }
-    }
-
     func release(_ ino: InodeNumber, handle: HandleID) {
         state.withLock { s in
             Self.note(&s, "release")
