@@ -24,6 +24,7 @@ extension CofferFileSystem {
                 s.record.mode &= ~UInt32(S_ISUID)
                 if s.record.mode & UInt32(S_IXGRP) != 0 { s.record.mode &= ~UInt32(S_ISGID) }
             }
+            if changes.clearSetID && dropSetID(s) { changed = true }
             if let a = changes.atime { s.record.atime = a.resolved(now); changed = true }
             if let m = changes.mtime { s.record.mtime = m.resolved(now); changed = true }
             if changed { s.record.ctime = changes.ctime?.stored ?? now }
@@ -31,6 +32,24 @@ extension CofferFileSystem {
             s.dirty = true
             return attributes(s)
         }
+    }
+
+    public func clearSetID(_ ino: InodeNumber) throws(FSError) {
+        try meta.withLock { () throws(FSError) in
+            let s = try state(ino)
+            guard s.isRegular, s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 else { return }
+            try checkWritable()
+            if dropSetID(s) { s.record.ctime = .now(); s.dirty = true }
+        }
+    }
+
+    /// Clears set-user-ID, and set-group-ID when group-executable (as the VFS on write, truncate and chown);
+    /// true if the mode changed. Call under `meta`.
+    func dropSetID(_ s: InodeState) -> Bool {
+        let before = s.record.mode
+        s.record.mode &= ~UInt32(S_ISUID)
+        if s.record.mode & UInt32(S_IXGRP) != 0 { s.record.mode &= ~UInt32(S_ISGID) }
+        return s.record.mode != before
     }
 
     public func statfs() throws(FSError) -> FileSystemStatistics {

@@ -216,14 +216,13 @@ extension CofferFileSystem {
         return data.count
     }
 
-    /// What a write changes in the record: size, times, stored chunk count, set-id bits. Call under `meta`.
+    /// What a write changes in the record: size, times, stored chunk count. Set-id bits are the kernel's call
+    /// (`clearSetID`): a root writer keeps them, as on local filesystems. Call under `meta`.
     func recordWrite(_ s: InodeState, end: UInt64, addedChunks: UInt64) {
         let now = StoredTime.now()
         s.record.chunkCount += addedChunks
         s.record.size = max(s.record.size, end)
         s.record.mtime = now; s.record.ctime = now
-        // Writing drops setuid/setgid, as local filesystems do.
-        if s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 { s.record.mode &= ~UInt32(S_ISUID | S_ISGID) }
         s.dirty = true
     }
 

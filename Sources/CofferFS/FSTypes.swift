@@ -85,10 +85,13 @@ public struct AttributeChanges: Sendable {
     public var atime: TimeChange?
     public var mtime: TimeChange?
     public var ctime: Timestamp?
+    /// Also clear set-user-ID, and set-group-ID when group-executable, after the other changes (the kernel asks
+    /// for it on truncate by a caller without CAP_FSETID and on chown; see `FileSystemOperations.clearSetID`).
+    public var clearSetID = false
     public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: UInt64? = nil,
-                atime: TimeChange? = nil, mtime: TimeChange? = nil, ctime: Timestamp? = nil) {
+                atime: TimeChange? = nil, mtime: TimeChange? = nil, ctime: Timestamp? = nil, clearSetID: Bool = false) {
         self.mode = mode; self.uid = uid; self.gid = gid; self.size = size
-        self.atime = atime; self.mtime = mtime; self.ctime = ctime
+        self.atime = atime; self.mtime = mtime; self.ctime = ctime; self.clearSetID = clearSetID
     }
 }
 

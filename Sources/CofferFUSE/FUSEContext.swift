@@ -16,16 +16,19 @@ final class FUSEContext: @unchecked Sendable {
     let connOptions: OpaquePointer?
     /// Set in init when the kernel granted the writeback cache.
     let writebackGranted = Atomic<Bool>(false)
+    /// The /dev/fuse hook that negotiates FUSE_HANDLE_KILLPRIV_V2 and reports its per-request marks.
+    let killPriv: KillPrivHook
     private let shutdownDone = Atomic<Bool>(false)
 
     init(fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,
-         connOptions: OpaquePointer?) {
+         connOptions: OpaquePointer?, killPrivV2: Bool = true) {
         self.fs = fs
         self.timeouts = fs.cacheTimeouts
         self.logger = logger
         self.maxWrite = maxWrite
         self.writebackRequested = writebackRequested
         self.connOptions = connOptions
+        self.killPriv = KillPrivHook(enabled: killPrivV2)
     }
 
     /// Calls `fs.shutdown()` exactly once, whoever asks first (libfuse's destroy or the end of `run`).

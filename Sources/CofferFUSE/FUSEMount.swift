@@ -143,7 +143,8 @@ public final class FUSEMount: @unchecked Sendable {
         }
         connOptions = parsed
         let ctx = FUSEContext(fs: filesystem, logger: logger, maxWrite: min(options.maxWrite, 1 << 20),
-                              writebackRequested: options.writebackCache, connOptions: parsed)
+                              writebackRequested: options.writebackCache, connOptions: parsed,
+                              killPrivV2: options.killPrivV2)
         context = ctx
 
         var ops = LowLevelOps.make()
@@ -193,6 +194,14 @@ public final class FUSEMount: @unchecked Sendable {
             throw FUSEMountError.mountFailed(path: mountpoint)
         }
         mounted = true
+        // All /dev/fuse traffic through KillPrivHook (it passes through when killPrivV2 is off). Before the
+        // loop starts, so the INIT request is seen; on failure the kernel keeps its own set-id handling.
+        var io = KillPrivHook.customIO
+        let ioResult = fuse_session_custom_io(se, &io, fuse_session_fd(se))
+        if ioResult != 0 {
+            logger.info("FUSE: custom io refused; security.capability stays asked on every write",
+                        metadata: ["error": "\(String(cString: strerror(-ioResult)))"])
+        }
         state.withLock { s in
             s.session = SessionRef(pointer: se)
             s.phase = .running

@@ -196,6 +196,7 @@ enum LowLevelOps {
             changes.mtime = .set(Timestamp(st.st_mtim))
         }
         if toSet & FUSE_SET_ATTR_CTIME != 0 { changes.ctime = Timestamp(st.st_ctim) }
+        changes.clearSetID = KillPrivHook.requested(for: ino)  // FATTR_KILL_SUIDGID: truncate, chown
         let handle: HandleID? = fi.map { $0.pointee.fh }
         do {
             var out = try ctx.fs.setattr(ino, changes: changes, handle: handle, caller: caller(req)).statValue
@@ -316,6 +317,7 @@ enum LowLevelOps {
         guard let ctx = context(req) else { fuse_reply_err(req, EIO); return }
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         do {
+            if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_OPEN_KILL_SUIDGID (O_TRUNC)
             let result = try ctx.fs.open(ino, flags: effectiveFlags(ctx, fi.pointee.flags), caller: caller(req))
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
@@ -373,6 +375,7 @@ enum LowLevelOps {
         guard let fi else { fuse_reply_err(req, EBADF); return }
         guard off >= 0, size >= 0, buf != nil || size == 0 else { fuse_reply_err(req, EINVAL); return }
         do {
+            if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_WRITE_KILL_SUIDGID
             let written = try ctx.fs.write(ino, handle: fi.pointee.fh, offset: UInt64(off),
                                            data: UnsafeRawBufferPointer(start: buf, count: size))
             fuse_reply_write(req, max(0, min(written, size)))

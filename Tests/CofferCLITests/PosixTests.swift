@@ -660,6 +660,60 @@ struct PosixTests {
         #expect(E2E.statOf(m + "/pub/nobody.txt")?.st_uid == 65534)
     }
 
+    /// Set-id bits as ext4 keeps them (the daemon clears them under FUSE_HANDLE_KILLPRIV_V2): a write or
+    /// truncate by an unprivileged user clears set-user-ID and (group-executable) set-group-ID, root's keeps
+    /// them, chown clears them also for root; set-group-ID without group-execute stays for a group member.
+    @Test(arguments: ["allow_other", "allow_other,writeback_cache"])
+    func setIDBitsOnWriteTruncateAndChown(options: String) throws {
+        guard E2E.isRoot else { print("skipped: needs root to act as another user"); return }
+        let sb = try Sandbox("setid")
+        defer { sb.cleanup() }
+        chmod(sb.root, 0o755)
+        try sb.initAndMount(options: options)
+        let m = sb.mnt
+        #expect(chmod(m, 0o755) == 0)
+        func mode(_ name: String) -> mode_t? { E2E.statOf(m + "/" + name).map { $0.st_mode & 0o7777 } }
+        func asNobody(_ script: String) -> RunResult {
+            E2E.run("/usr/sbin/runuser", ["-u", "nobody", "--", "/bin/sh", "-c", script])
+        }
+        for name in ["w", "t", "o", "r", "c", "g"] {
+            try E2E.write(m + "/" + name, "0123456789")
+            #expect(chmod(m + "/" + name, name == "g" ? 0o2767 : 0o6777) == 0)
+        }
+        #expect(chown(m + "/g", 0, 65534) == 0 && chmod(m + "/g", 0o2767) == 0)
+
+        let w = asNobody("printf x >> '\(m)/w'")
+        #expect(w.ok, "\(w)")
+        #expect(mode("w") == 0o0777, "write by nobody: \(String(describing: mode("w")))")
+        let t = asNobody("truncate -s 3 '\(m)/t'")
+        #expect(t.ok, "\(t)")
+        #expect(mode("t") == 0o0777, "truncate by nobody: \(String(describing: mode("t")))")
+        let o = asNobody("printf y > '\(m)/o'")
+        #expect(o.ok, "\(o)")
+        #expect(mode("o") == 0o0777, "O_TRUNC open by nobody: \(String(describing: mode("o")))")
+        #expect(E2E.readText(m + "/o") == "y")
+        // Set-group-ID without group-execute, written by a member of the group: kept (as on ext4).
+        let g = asNobody("printf z >> '\(m)/g'")
+        #expect(g.ok, "\(g)")
+        #expect(mode("g") == 0o2767, "write by a group member: \(String(describing: mode("g")))")
+
+        let fd = open(m + "/r", O_WRONLY | O_APPEND)
+        #expect(fd >= 0)
+        #expect(Glibc.write(fd, "root", 4) == 4)
+        #expect(ftruncate(fd, 2) == 0)
+        close(fd)
+        #expect(mode("r") == 0o6777, "write and truncate by root keep the bits: \(String(describing: mode("r")))")
+
+        #expect(chown(m + "/c", 65534, 65534) == 0)
+        #expect(mode("c") == 0o0777, "chown by root: \(String(describing: mode("c")))")
+
+        try sb.remount(options: options)
+        #expect(mode("w") == 0o0777 && mode("t") == 0o0777 && mode("o") == 0o0777 && mode("c") == 0o0777)
+        #expect(mode("r") == 0o6777 && mode("g") == 0o2767)
+        #expect(E2E.read(m + "/w").map { String(decoding: $0, as: UTF8.self) } == "0123456789x")
+        #expect(E2E.read(m + "/t")?.count == 3)
+    }
+
     @Test func withoutAllowOtherOtherUsersAreShutOut() throws {
         guard E2E.isRoot else { print("skipped: needs root to act as another user"); return }
         let sb = try Sandbox("noallow")

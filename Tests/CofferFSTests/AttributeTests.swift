@@ -70,15 +70,25 @@ struct AttributeTests {
         #expect(try f.fs.getattr(ino).mtime.seconds >= start.seconds)
     }
 
-    @Test func writeClearsSetuid() throws {
+    /// The kernel decides when set-id bits go (KILLPRIV_V2 marks): a write alone keeps them (root's write, as on
+    /// ext4); clearSetID drops set-user-ID, and set-group-ID only when group-executable.
+    @Test func setIDBitsAreClearedWhenAsked() throws {
         let f = try Fixture()
         defer { f.cleanup() }
         let ino = try f.file("f")
         _ = try f.fs.setattr(ino, changes: AttributeChanges(mode: 0o6755), handle: nil, caller: caller)
         let h = try f.fs.open(ino, flags: O_WRONLY, caller: caller).handle
         try f.write(ino, h, at: 0, b("x"))
+        #expect(try f.fs.getattr(ino).mode & 0o7777 == 0o6755, "a write alone keeps the bits")
+        try f.fs.clearSetID(ino)
+        try f.write(ino, h, at: 1, b("y"))
         f.fs.release(ino, handle: h)
-        #expect(try f.fs.getattr(ino).mode & 0o7777 == 0o755)
+        #expect(try f.fs.getattr(ino).mode & 0o7777 == 0o0755)
+        _ = try f.fs.setattr(ino, changes: AttributeChanges(mode: 0o6745), handle: nil, caller: caller)
+        let a = try f.fs.setattr(ino, changes: AttributeChanges(size: 1, clearSetID: true), handle: nil, caller: caller)
+        #expect(a.mode & 0o7777 == 0o2745, "set-group-ID without group-execute stays")
+        try f.remount()
+        #expect(try f.fs.getattr(ino).mode & 0o7777 == 0o2745)
     }
 
     @Test func setgidDirectoryRule() throws {

@@ -426,6 +426,59 @@ struct FUSEMountTests {
         }
     }
 
+    @Test("KILLPRIV_V2: 100 writes ask GETXATTR(security.capability) at most once; without the hook, every time",
+          arguments: [true, false])
+    func killPrivNoCapabilityProbe(hook: Bool) throws {
+        let fs = MemoryFileSystem()
+        try withMount(fs: fs, configure: { $0.killPrivV2 = hook }) { m in
+            try writeFile(m.path("f"), [1])
+            let before = fs.count("getxattr")
+            let fd = open(m.path("f"), O_WRONLY)
+            #expect(fd >= 0)
+            defer { close(fd) }
+            let block = [UInt8](repeating: 7, count: 4096)
+            for i in 0..<100 {
+                #expect(block.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, off_t(i * 4096)) } == 4096)
+            }
+            let probes = fs.count("getxattr") - before
+            // With the flag the kernel asks once per inode (then sets S_NOSEC until its attributes are refreshed).
+            if hook { #expect(probes <= 1, "GETXATTR per write with KILLPRIV_V2: \(probes)") }
+            else { #expect(probes == 100, "GETXATTR without the hook: \(probes)") }
+            #expect(fs.count("write") >= 100)
+            #expect(fs.count("clearSetID") == 0, "root writes carry no kill mark")
+        }
+    }
+
+    @Test("KILLPRIV_V2: an unprivileged writer's writes and O_TRUNC reach the filesystem as clearSetID; root's do not",
+          .enabled(if: getuid() == 0 && access("/usr/sbin/runuser", X_OK) == 0, "needs root and runuser"))
+    func killPrivMarks() throws {
+        let fs = MemoryFileSystem()
+        try withMount(fs: fs, configure: { $0.allowOther = true; $0.defaultPermissions = true }) { m in
+            chmod(m.parent, 0o755)  // mkdtemp made it 0700: nobody must reach the mountpoint
+            try writeFile(m.path("f"), [1])
+            #expect(chmod(m.path("f"), 0o6777) == 0)
+            try writeFile(m.path("f"), [2], flags: O_WRONLY)
+            #expect(statOf(m.path("f")).map { $0.st_mode & 0o7777 } == 0o6777, "root's write keeps the set-id bits")
+            let w = Process()
+            w.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+            w.arguments = ["-u", "nobody", "--", "/bin/sh", "-c", "printf x >> '\(m.path("f"))'"]
+            try w.run()
+            w.waitUntilExit()
+            #expect(w.terminationStatus == 0)
+            #expect(fs.count("clearSetID") >= 1, "the write's FUSE_WRITE_KILL_SUIDGID reached the filesystem")
+            #expect(statOf(m.path("f")).map { $0.st_mode & 0o7777 } == 0o0777)
+            #expect(chmod(m.path("f"), 0o6777) == 0)
+            let t = Process()
+            t.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+            t.arguments = ["-u", "nobody", "--", "/bin/sh", "-c", "printf y > '\(m.path("f"))'"]
+            try t.run()
+            t.waitUntilExit()
+            #expect(t.terminationStatus == 0)
+            #expect(statOf(m.path("f")).map { $0.st_mode & 0o7777 } == 0o0777, "O_TRUNC by nobody clears the bits")
+            #expect(fs.contents(of: ["f"]) == Array("y".utf8))
+        }
+    }
+
     @Test("read-only mount")
     func readOnly() throws {
         let fs = MemoryFileSystem()

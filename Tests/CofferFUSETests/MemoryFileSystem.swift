@@ -193,10 +193,26 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
             case .set(let t)?: n.attributes.mtime = t
             case nil: break
             }
+            if changes.clearSetID { Self.dropSetID(&n) }
             n.attributes.ctime = changes.ctime ?? now
             s.nodes[ino] = n
             return n.attributes
         }
+    }
+
+    func clearSetID(_ ino: InodeNumber) throws(FSError) {
+        try state.withLock { s throws(FSError) in
+            Self.note(&s, "clearSetID")
+            var n = try Self.node(&s, ino)
+            Self.dropSetID(&n)
+            s.nodes[ino] = n
+        }
+    }
+
+    private static func dropSetID(_ n: inout Node) {
+        guard n.attributes.mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { return }
+        n.attributes.mode &= ~UInt32(S_ISUID)
+        if n.attributes.mode & UInt32(S_IXGRP) != 0 { n.attributes.mode &= ~UInt32(S_ISGID) }
     }
 
     func readlink(_ ino: InodeNumber) throws(FSError) -> [UInt8] {

@@ -1,0 +1,133 @@
+import CFuse3
+import Glibc
+import Synchronization
+
+/// Negotiates FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 does not know, by watching the /dev/fuse traffic.
+///
+/// Without it the kernel keeps SB_NOSEC off a FUSE mount, so every write(2) runs file_remove_privs, which asks
+/// GETXATTR("security.capability") — a round trip per write. With it the kernel sets SB_NOSEC (an inode then asks
+/// once, until its attributes are refreshed) and leaves clearing set-user-ID/set-group-ID to the filesystem. It
+/// marks the requests that must clear them: WRITE (`write_flags` FUSE_WRITE_KILL_SUIDGID, caller without
+/// CAP_FSETID), SETATTR (`valid` FATTR_KILL_SUIDGID: truncate without CAP_FSETID, any chown of a non-directory),
+/// OPEN/CREATE with O_TRUNC (`open_flags` FUSE_OPEN_KILL_SUIDGID, without CAP_FSETID).
+///
+/// libfuse 3.14 passes none of these marks to the ops, so the hook, installed with `fuse_session_custom_io`:
+/// - `read` passes requests through, remembers the unique id of an INIT whose flags offer KILLPRIV_V2, and notes
+///   a request's kill mark for the thread that read it (libfuse processes a request on the thread that read it,
+///   in both loops and with clone_fd); the ops ask `requested(for:)`;
+/// - `writev` passes replies through, ORing KILLPRIV_V2 into the reply to that INIT — unless libfuse enabled
+///   splice reads, which bypass `read` (Coffer never does), so the marks could not be seen.
+final class KillPrivHook: Sendable {
+    /// fuse_init_in/out.flags bit (protocol 7.33).
+    static let handleKillPrivV2: UInt32 = 1 << 28
+    private static let spliceRead: UInt32 = 1 << 9
+
+    /// Unique id of the INIT request that offered the flag; 0 once answered (or never offered).
+    private let pendingInit = Atomic<UInt64>(0)
+    /// True once the INIT reply carrying the flag was written.
+    let negotiated = Atomic<Bool>(false)
+    /// When false, requests and replies pass through untouched (the flag is never asked for).
+    let enabled: Bool
+
+    init(enabled: Bool) { self.enabled = enabled }
+
+    /// The io callbacks; `userdata` is the session's userdata, a `FUSEContext`.
+    static let customIO: fuse_custom_io = {
+        var io = fuse_custom_io()
+        io.read = { fd, buf, len, userdata in KillPrivHook.read(fd, buf, len, userdata) }
+        io.writev = { fd, iov, count, userdata in KillPrivHook.writev(fd, iov, count, userdata) }
+        return io
+    }()
+
+    /// True when the request this thread is processing asked to clear set-id bits of `ino`.
+    static func requested(for ino: fuse_ino_t) -> Bool {
+        ino != 0 && UInt(bitPattern: pthread_getspecific(threadKey)) == UInt(truncatingIfNeeded: ino)
+    }
+
+    // MARK: - Wire layout (include/uapi/linux/fuse.h)
+
+    private enum Opcode: UInt32 {
+        case setattr = 4, open = 14, write = 16, `init` = 26, create = 35
+    }
+    /// sizeof(struct fuse_in_header): len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding.
+    private static let inHeaderSize = 40
+    /// sizeof(struct fuse_out_header): len, error, unique.
+    private static let outHeaderSize = 16
+
+    /// The thread's current kill mark: the nodeid of the request it read, or nil.
+    private static let threadKey: pthread_key_t = {
+        var key = pthread_key_t()
+        precondition(pthread_key_create(&key, nil) == 0, "pthread_key_create")
+        return key
+    }()
+
+    private static func hook(_ userdata: UnsafeMutableRawPointer?) -> KillPrivHook? {
+        guard let userdata else { return nil }
+        return Unmanaged<FUSEContext>.fromOpaque(userdata).takeUnretainedValue().killPriv
+    }
+
+    // MARK: - Callbacks
+
+    private static func read(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int,
+                             _ userdata: UnsafeMutableRawPointer?) -> Int {
+        let n = Glibc.read(fd, buf, len)
+        guard n >= inHeaderSize, let buf else {
+            let saved = errno  // libfuse reads errno after a failed read
+            pthread_setspecific(threadKey, nil)
+            errno = saved
+            return n
+        }
+        func u32(_ at: Int) -> UInt32? { at + 4 <= n ? buf.loadUnaligned(fromByteOffset: at, as: UInt32.self) : nil }
+        let opcode = buf.loadUnaligned(fromByteOffset: 4, as: UInt32.self)
+        let nodeid = buf.loadUnaligned(fromByteOffset: 16, as: UInt64.self)
+        let body = inHeaderSize
+        var kill = false
+        switch Opcode(rawValue: opcode) {
+        case .write?: kill = (u32(body + 20) ?? 0) & 1 << 2 != 0         // fuse_write_in.write_flags
+        case .setattr?: kill = (u32(body) ?? 0) & 1 << 11 != 0          // fuse_setattr_in.valid
+        case .open?: kill = (u32(body + 4) ?? 0) & 1 << 0 != 0          // fuse_open_in.open_flags
+        case .create?: kill = (u32(body + 12) ?? 0) & 1 << 0 != 0       // fuse_create_in.open_flags
+        case .`init`?:
+            // fuse_init_in: major, minor, max_readahead, flags
+            if let flags = u32(body + 12), flags & handleKillPrivV2 != 0, let hook = hook(userdata), hook.enabled {
+                hook.pendingInit.store(buf.loadUnaligned(fromByteOffset: 8, as: UInt64.self), ordering: .releasing)
+            }
+        case nil: break
+        }
+        pthread_setspecific(threadKey, kill ? UnsafeRawPointer(bitPattern: UInt(truncatingIfNeeded: nodeid)) : nil)
+        return n
+    }
+
+    private static func writev(_ fd: Int32, _ iov: UnsafeMutablePointer<iovec>?, _ count: Int32,
+                               _ userdata: UnsafeMutableRawPointer?) -> Int {
+        if let iov, count > 0, iov[0].iov_len >= outHeaderSize, let base = iov[0].iov_base, let hook = hook(userdata) {
+            let pending = hook.pendingInit.load(ordering: .acquiring)
+            if pending != 0 && base.loadUnaligned(fromByteOffset: 8, as: UInt64.self) == pending {
+                return hook.writeInitReply(fd, iov, Int(count))
+            }
+        }
+        return Glibc.writev(fd, iov, count)
+    }
+
+    /// Writes the INIT reply with KILLPRIV_V2 added to fuse_init_out.flags (major, minor, max_readahead, flags).
+    private func writeInitReply(_ fd: Int32, _ iov: UnsafeMutablePointer<iovec>, _ count: Int) -> Int {
+        pendingInit.store(0, ordering: .releasing)
+        var message = [UInt8]()
+        for i in 0..<count where iov[i].iov_len > 0 {
+            message.append(contentsOf: UnsafeRawBufferPointer(start: iov[i].iov_base, count: iov[i].iov_len))
+        }
+        let flagsAt = Self.outHeaderSize + 12
+        let error = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 4, as: Int32.self) }
+        if error == 0 && message.count >= flagsAt + 4 {
+            var flags = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: flagsAt, as: UInt32.self) }
+            if flags & Self.spliceRead == 0 {
+                flags |= Self.handleKillPrivV2
+                message.withUnsafeMutableBytes { $0.storeBytes(of: flags, toByteOffset: flagsAt, as: UInt32.self) }
+                let n = message.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+                if n == message.count { negotiated.store(true, ordering: .releasing) }
+                return n
+            }
+        }
+        return Glibc.writev(fd, iov, Int32(count))
+    }
+}
