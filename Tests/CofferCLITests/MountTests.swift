@@ -432,9 +432,10 @@ struct MountTests {
 /// A full disk: ENOSPC to the writer, the daemon keeps running, synced data survives, and writing
 /// works again once space is freed.
 @Suite("Full disk") struct FullDiskTests {
-    @Test func enospcLosesNothingSynced() throws {
-        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
-        let sb = try Sandbox("enospc")
+    /// A container on a 24 MiB tmpfs in a sandbox, mounted, with 3 MB synced in keep.bin. After
+    /// `body` the mount and the tmpfs go, also when it fails.
+    private func onASmallDisk(_ name: String, _ body: (Sandbox, _ container: String, _ keep: [UInt8]) throws -> Void) throws {
+        let sb = try Sandbox(name)
         defer { sb.cleanup() }
         let disk = sb.root + "/disk"
         try #require(mkdir(disk, 0o700) == 0)
@@ -449,21 +450,28 @@ struct MountTests {
         let keep = E2E.randomBytes(3_000_000)
         try E2E.write(sb.mnt + "/keep.bin", keep)
         #expect(E2E.sh("sync '\(sb.mnt)/keep.bin'").ok)
-        let fill = E2E.sh("dd if=/dev/zero of='\(sb.mnt)/fill' bs=1M count=100 conv=fsync")
-        #expect(!fill.ok, "writing 100 MiB onto a 24 MiB disk must fail: \(fill)")
-        #expect(fill.stderr.contains("No space left"), "the writer is told ENOSPC: \(fill)")
-        let pid = E2E.daemonPid(container: container)
-        #expect(pid.map(E2E.isAlive) == true, "the daemon keeps running")
-        #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact")
-        _ = E2E.sh("rm -f '\(sb.mnt)/fill'")
-        let again = E2E.sh("dd if=/dev/urandom of='\(sb.mnt)/after' bs=64k count=16 conv=fsync")
-        #expect(again.ok, "writing works again after deleting: \(again)")
-        let u = sb.unmount()
-        #expect(u.ok, "\(u)")
-        let r = sb.mount(container: container)
-        #expect(r.ok, "\(r)")
-        #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact after a remount")
-        #expect(E2E.read(sb.mnt + "/after")?.count == 1 << 20)
+        try body(sb, container, keep)
+    }
+
+    @Test func enospcLosesNothingSynced() throws {
+        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        try onASmallDisk("enospc") { sb, container, keep in
+            let fill = E2E.sh("dd if=/dev/zero of='\(sb.mnt)/fill' bs=1M count=100 conv=fsync")
+            #expect(!fill.ok, "writing 100 MiB onto a 24 MiB disk must fail: \(fill)")
+            #expect(fill.stderr.contains("No space left"), "the writer is told ENOSPC: \(fill)")
+            let pid = E2E.daemonPid(container: container)
+            #expect(pid.map(E2E.isAlive) == true, "the daemon keeps running")
+            #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact")
+            _ = E2E.sh("rm -f '\(sb.mnt)/fill'")
+            let again = E2E.sh("dd if=/dev/urandom of='\(sb.mnt)/after' bs=64k count=16 conv=fsync")
+            #expect(again.ok, "writing works again after deleting: \(again)")
+            let u = sb.unmount()
+            #expect(u.ok, "\(u)")
+            let r = sb.mount(container: container)
+            #expect(r.ok, "\(r)")
+            #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact after a remount")
+            #expect(E2E.read(sb.mnt + "/after")?.count == 1 << 20)
+        }
     }
 
     /// Many small files written in 10 KiB records (they wait in the tail buffer until fsync or
@@ -471,50 +479,38 @@ struct MountTests {
     /// whose fsync succeeded reads back, and the daemon keeps running.
     @Test func smallFilesUntilTheDiskIsFull() throws {
         guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
-        let sb = try Sandbox("enospcsmall")
-        defer { sb.cleanup() }
-        let disk = sb.root + "/disk"
-        try #require(mkdir(disk, 0o700) == 0)
-        let tmpfs = E2E.sh("mount -t tmpfs -o size=24m tmpfs '\(disk)'")
-        try #require(tmpfs.ok, "\(tmpfs)")
-        defer { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") }
-        let container = disk + "/c"
-        try #require(sb.initContainer(container: container).ok)
-        try #require(sb.mount(container: container).ok)
-        defer { _ = sb.unmount() }
-        let keep = E2E.randomBytes(3_000_000)
-        try E2E.write(sb.mnt + "/keep.bin", keep)
-        #expect(E2E.sh("sync '\(sb.mnt)/keep.bin'").ok)
-        let pid = E2E.daemonPid(container: container)
-        let appends = E2E.py(#"""
-            import errno, os, sys
-            ok, full = [], 0
-            for i in range(1000):
-                p = os.path.join(sys.argv[1], 'small%d' % i)
-                data = bytes([i % 251]) * 30000
-                try:
-                    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+        try onASmallDisk("enospcsmall") { sb, container, keep in
+            let pid = E2E.daemonPid(container: container)
+            let appends = E2E.py(#"""
+                import errno, os, sys
+                ok, full = [], 0
+                for i in range(1000):
+                    p = os.path.join(sys.argv[1], 'small%d' % i)
+                    data = bytes([i % 251]) * 30000
                     try:
-                        for k in range(0, len(data), 10240):
-                            os.write(fd, data[k:k + 10240])
-                        os.fsync(fd)
-                        ok.append(i)
-                    finally:
-                        os.close(fd)
-                except OSError as e:
-                    if e.errno != errno.ENOSPC:
-                        print('unexpected', e); sys.exit(3)
-                    full += 1
-            for i in ok:
-                if open(os.path.join(sys.argv[1], 'small%d' % i), 'rb').read() != bytes([i % 251]) * 30000:
-                    print('wrong bytes in small%d' % i); sys.exit(4)
-            print(len(ok), full)
-            """#, [sb.mnt])
-        #expect(appends.ok, "\(appends)")
-        let counts = appends.stdout.split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
-        #expect(counts.count == 2 && counts[1] > 0, "the full disk must refuse some small files: \(appends)")
-        #expect(pid.map(E2E.isAlive) == true, "the daemon keeps running after failed tail flushes")
-        #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact")
+                        fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+                        try:
+                            for k in range(0, len(data), 10240):
+                                os.write(fd, data[k:k + 10240])
+                            os.fsync(fd)
+                            ok.append(i)
+                        finally:
+                            os.close(fd)
+                    except OSError as e:
+                        if e.errno != errno.ENOSPC:
+                            print('unexpected', e); sys.exit(3)
+                        full += 1
+                for i in ok:
+                    if open(os.path.join(sys.argv[1], 'small%d' % i), 'rb').read() != bytes([i % 251]) * 30000:
+                        print('wrong bytes in small%d' % i); sys.exit(4)
+                print(len(ok), full)
+                """#, [sb.mnt])
+            #expect(appends.ok, "\(appends)")
+            let counts = appends.stdout.split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+            #expect(counts.count == 2 && counts[1] > 0, "the full disk must refuse some small files: \(appends)")
+            #expect(pid.map(E2E.isAlive) == true, "the daemon keeps running after failed tail flushes")
+            #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact")
+        }
     }
 
     /// Small fsynced files until the disk is full (the writer keeps trying after the first ENOSPC,
@@ -525,67 +521,55 @@ struct MountTests {
     /// start over and even the deletes needed new room (docs/MEASUREMENTS.md, "Full disk").
     @Test func deletingManySmallFilesOnAFullDisk() throws {
         guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
-        let sb = try Sandbox("enospcrm")
-        defer { sb.cleanup() }
-        let disk = sb.root + "/disk"
-        try #require(mkdir(disk, 0o700) == 0)
-        let tmpfs = E2E.sh("mount -t tmpfs -o size=24m tmpfs '\(disk)'")
-        try #require(tmpfs.ok, "\(tmpfs)")
-        defer { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") }
-        let container = disk + "/c"
-        try #require(sb.initContainer(container: container).ok)
-        try #require(sb.mount(container: container).ok)
-        defer { _ = sb.unmount() }
-        let keep = E2E.randomBytes(3_000_000)
-        try E2E.write(sb.mnt + "/keep.bin", keep)
-        #expect(E2E.sh("sync '\(sb.mnt)/keep.bin'").ok)
-        let fill = E2E.py(#"""
-            import errno, os, sys
-            made, full, streak = 0, 0, 0
-            for i in range(3000):
-                if streak >= 50: break
-                p = os.path.join(sys.argv[1], 'small%d' % i)
-                try:
-                    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+        try onASmallDisk("enospcrm") { sb, container, keep in
+            let fill = E2E.py(#"""
+                import errno, os, sys
+                made, full, streak = 0, 0, 0
+                for i in range(3000):
+                    if streak >= 50: break
+                    p = os.path.join(sys.argv[1], 'small%d' % i)
                     try:
-                        os.write(fd, bytes([i % 251]) * 30000)
-                        os.fsync(fd)
-                        streak = 0
-                    finally:
-                        os.close(fd)
+                        fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+                        try:
+                            os.write(fd, bytes([i % 251]) * 30000)
+                            os.fsync(fd)
+                            streak = 0
+                        finally:
+                            os.close(fd)
+                    except OSError as e:
+                        if e.errno != errno.ENOSPC:
+                            print('unexpected', e); sys.exit(3)
+                        full += 1; streak += 1
+                names = [n for n in os.listdir(sys.argv[1]) if n.startswith('small')]
+                for n in names:
+                    os.unlink(os.path.join(sys.argv[1], n))
+                d = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(d)
                 except OSError as e:
-                    if e.errno != errno.ENOSPC:
-                        print('unexpected', e); sys.exit(3)
-                    full += 1; streak += 1
-            names = [n for n in os.listdir(sys.argv[1]) if n.startswith('small')]
-            for n in names:
-                os.unlink(os.path.join(sys.argv[1], n))
-            d = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(d)
-            except OSError as e:
-                print('fsync of the directory after deleting:', e); sys.exit(5)
-            finally:
-                os.close(d)
-            print(len(names), full)
-            """#, [sb.mnt])
-        #expect(fill.ok, "\(fill)")
-        let counts = fill.stdout.split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
-        #expect(counts.count == 2 && counts[0] > 100 && counts[1] > 0, "many small files, then ENOSPC: \(fill)")
-        let after = E2E.randomBytes(1 << 20)
-        do { try E2E.write(sb.mnt + "/after", after) } catch { Issue.record("writing 1 MiB after deleting: \(error)") }
-        let synced = E2E.sh("sync '\(sb.mnt)/after'")
-        #expect(synced.ok, "a 1 MiB file can be written and synced after deleting: \(synced)")
-        #expect(E2E.read(sb.mnt + "/after").map { $0 == after } == true, "the new file reads back")
-        let u = sb.unmount()
-        try #require(u.ok, "\(u)")
-        let r = sb.mount(container: container)
-        try #require(r.ok, "\(r)")
-        let names = (try? FileManager.default.contentsOfDirectory(atPath: sb.mnt))?.sorted() ?? []
-        let onlyTheKeptFiles = names == ["after", "keep.bin"]
-        #expect(onlyTheKeptFiles, "the deleted files stay deleted after a remount: \(names.prefix(5)) (\(names.count) names)")
-        #expect(E2E.read(sb.mnt + "/after").map { $0 == after } == true, "the file written after deleting reads back after a remount")
-        #expect(E2E.read(sb.mnt + "/keep.bin").map { $0 == keep } == true, "synced data is intact after a remount")
+                    print('fsync of the directory after deleting:', e); sys.exit(5)
+                finally:
+                    os.close(d)
+                print(len(names), full)
+                """#, [sb.mnt])
+            #expect(fill.ok, "\(fill)")
+            let counts = fill.stdout.split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+            #expect(counts.count == 2 && counts[0] > 100 && counts[1] > 0, "many small files, then ENOSPC: \(fill)")
+            let after = E2E.randomBytes(1 << 20)
+            do { try E2E.write(sb.mnt + "/after", after) } catch { Issue.record("writing 1 MiB after deleting: \(error)") }
+            let synced = E2E.sh("sync '\(sb.mnt)/after'")
+            #expect(synced.ok, "a 1 MiB file can be written and synced after deleting: \(synced)")
+            #expect(E2E.read(sb.mnt + "/after").map { $0 == after } == true, "the new file reads back")
+            let u = sb.unmount()
+            try #require(u.ok, "\(u)")
+            let r = sb.mount(container: container)
+            try #require(r.ok, "\(r)")
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: sb.mnt))?.sorted() ?? []
+            let onlyTheKeptFiles = names == ["after", "keep.bin"]
+            #expect(onlyTheKeptFiles, "the deleted files stay deleted after a remount: \(names.prefix(5)) (\(names.count) names)")
+            #expect(E2E.read(sb.mnt + "/after").map { $0 == after } == true, "the file written after deleting reads back after a remount")
+            #expect(E2E.read(sb.mnt + "/keep.bin").map { $0 == keep } == true, "synced data is intact after a remount")
+        }
     }
 }
 
