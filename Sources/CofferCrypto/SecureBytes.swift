@@ -6,18 +6,22 @@ import Glibc
 import Darwin
 #endif
 
-/// Key material in memory the process controls: its own anonymous mapping (whole pages, so
-/// mlock/munlock never touch a neighbour's memory), locked with mlock so it is not swapped,
-/// excluded from core dumps, and zeroed (OPENSSL_cleanse, which the compiler may not elide)
-/// on `wipe()` and on deinit, before the pages are returned.
+/// Key material in memory the process controls: anonymous mappings of its own, locked with
+/// mlock so they are not swapped, excluded from core dumps, and zeroed (OPENSSL_cleanse, which
+/// the compiler may not elide) on `wipe()` and on deinit, before the memory is given back.
+/// Up to `SecureSlab.slotSize` bytes (every key) take a slot of a shared locked page (a file's key
+/// is made on each open: four system calls per key would cost more than the key); larger buffers
+/// get whole pages of their own, so mlock/munlock never touch a neighbour's memory.
 ///
 /// `description`/`debugDescription` print "SecureBytes(N bytes)" only, never the bytes.
 /// Sendable because the storage address and size never change; concurrent *writes* through
 /// `withUnsafeMutableBytes` are the caller's to coordinate (keys are written once, then read).
 public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, CustomDebugStringConvertible {
     private let base: UnsafeMutableRawPointer
-    /// Mapped length: `count` rounded up to whole pages (at least one page).
+    /// Usable length: a slab slot, or `count` rounded up to whole pages (at least one page).
     private let capacity: Int
+    /// The storage is a slot of `SecureSlab.shared`, not a mapping of its own.
+    private let inSlab: Bool
     public let count: Int
     /// Whether mlock succeeded (it can fail for an unprivileged user over RLIMIT_MEMLOCK).
     public let isLocked: Bool
@@ -25,6 +29,15 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, Cu
     /// Zero-filled (fresh anonymous pages are zero).
     public init(count: Int) {
         precondition(count >= 0, "SecureBytes count must not be negative")
+        if count <= SecureSlab.slotSize {
+            let slot = SecureSlab.shared.allocate()
+            self.base = slot.pointer
+            self.capacity = SecureSlab.slotSize
+            self.count = count
+            self.isLocked = slot.locked
+            self.inSlab = true
+            return
+        }
         let page = SecureBytes.pageSize
         let pages = max(count, 1) / page + (max(count, 1) % page == 0 ? 0 : 1)
         let (length, overflow) = pages.multipliedReportingOverflow(by: page)
@@ -41,6 +54,7 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, Cu
         self.capacity = length
         self.count = count
         self.isLocked = mlock(mapped, length) == 0
+        self.inSlab = false
     }
 
     public convenience init<C: Collection>(copying bytes: C) where C.Element == UInt8 {
@@ -83,8 +97,12 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, Cu
                 }
             }
         }
-        if isLocked { _ = munlock(base, capacity) }
-        _ = munmap(base, capacity)
+        if inSlab {
+            SecureSlab.shared.release(base, locked: isLocked)
+        } else {
+            if isLocked { _ = munlock(base, capacity) }
+            _ = munmap(base, capacity)
+        }
     }
 
     public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
@@ -95,7 +113,7 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, Cu
         try body(UnsafeMutableRawBufferPointer(start: base, count: count))
     }
 
-    /// Zeroes the whole mapping now; idempotent. The object stays usable (all zeros).
+    /// Zeroes the whole storage now; idempotent. The object stays usable (all zeros).
     public func wipe() {
         OPENSSL_cleanse(base, capacity)
     }
@@ -120,7 +138,7 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, Cu
 
     private var address: UInt { UInt(bitPattern: base) }
 
-    private static let pageSize: Int = {
+    static let pageSize: Int = {
         let size = sysconf(Int32(_SC_PAGESIZE))
         return size > 0 ? size : 4096
     }()

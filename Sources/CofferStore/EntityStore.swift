@@ -39,6 +39,8 @@ public final class EntityStore: @unchecked Sendable {
         var bytes = 0
         /// Statements that add no bytes (deletes): they still dirty pages, which go to the WAL.
         var deletes = 0
+        /// Where `isCommitDue` last looked at the disk (MiB written + 32-delete steps).
+        var probed = 0
         var since: ContinuousClock.Instant?
         /// A commit since the last WAL fsync: its frames may still be only in the page cache.
         var unsynced = false
@@ -295,7 +297,7 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     private func droppedTransaction() {
-        pending.withLock { p in p.since = nil; p.changes = 0; p.bytes = 0; p.deletes = 0; p.dirtyFiles.removeAll() }
+        pending.withLock { p in p.since = nil; p.changes = 0; p.bytes = 0; p.deletes = 0; p.probed = 0; p.dirtyFiles.removeAll() }
         checkpointer?.checkpointSoon()
         onRollback?()
     }
@@ -324,7 +326,7 @@ public final class EntityStore: @unchecked Sendable {
                     throw error
                 }
                 pending.withLock { p in
-                    p.generation = next; p.since = nil; p.changes = 0; p.bytes = 0; p.deletes = 0; p.dirtyFiles.removeAll()
+                    p.generation = next; p.since = nil; p.changes = 0; p.bytes = 0; p.deletes = 0; p.probed = 0; p.dirtyFiles.removeAll()
                     p.unsynced = true
                 }
                 if low { _ = try? db.checkpoint(.passive) }
@@ -396,9 +398,16 @@ public final class EntityStore: @unchecked Sendable {
     /// enough (a page per statement, against half the WAL's length plus the free space) to be
     /// written over the WAL from its start once the previous piece was checkpointed.
     public func isCommitDue(age: Duration = .seconds(1), volume: Int = 64 << 20) -> Bool {
-        let (since, bytes, deletes) = pending.withLock { ($0.since, $0.bytes, $0.deletes) }
-        guard let since else { return false }
+        guard let (since, bytes, deletes, look) = pending.withLock({ p -> (ContinuousClock.Instant, Int, Int, Bool)? in
+            guard let since = p.since else { return nil }
+            // Called on every write and unlink: look at the disk (statvfs, stat) once per MiB
+            // written or 32 deletes more, not on each call.
+            let step = p.bytes >> 20 + p.deletes / 32
+            defer { p.probed = step }
+            return (since, p.bytes, p.deletes, step != p.probed)
+        }) else { return false }
         if bytes >= volume || ContinuousClock.now - since >= age { return true }
+        guard look else { return false }
         if bytes >= 1 << 20 && Int64(bytes) >= freeSpace() / 8 { return true }
         guard deletes >= 32 else { return false }
         let room = walSize() + freeSpace() - (reserve?.owed ?? 0)

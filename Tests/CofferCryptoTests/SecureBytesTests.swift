@@ -80,6 +80,42 @@ import Glibc
         #expect(audit.zeroedAtRelease)      // ... and the storage was zero before it was unmapped
     }
 
+    @Test func releasedPagesOfTheirOwnAreZeroed() throws {
+        // Larger than a slab slot: a mapping of its own, zeroed before it is unmapped.
+        var watch: SecureBytes.ReleaseWatch?
+        do {
+            let secret = try SecureBytes.random(count: 5000)
+            secret.withUnsafeMutableBytes { $0[4999] = 0xFF }
+            watch = SecureBytes.watchRelease(of: secret)
+            withExtendedLifetime(secret) {}
+        }
+        let w = try #require(watch)
+        let audit = try #require(SecureBytes.releaseAudit(w))
+        #expect(audit.hadDataBeforeRelease)
+        #expect(audit.zeroedAtRelease)
+    }
+
+    @Test func smallSecretsShareLockedPagesAndComeBackZeroed() throws {
+        var released: Set<UInt> = []
+        do {
+            // Many keys at once: each its own 64-byte slot, far fewer pages than keys.
+            let keys = try (0..<300).map { _ in try SecureBytes.random(count: 32) }
+            let addresses = keys.map { k in k.withUnsafeBytes { UInt(bitPattern: $0.baseAddress) } }
+            #expect(Set(addresses).count == keys.count)
+            let sorted = addresses.sorted()
+            #expect(zip(sorted, sorted.dropFirst()).allSatisfy { $1 - $0 >= 64 }, "slots overlap")
+            let pageSize = UInt(sysconf(Int32(_SC_PAGESIZE)))
+            #expect(Set(addresses.map { $0 / pageSize }).count <= keys.count / 32, "about one page per key")
+            if getuid() == 0 { #expect(keys.allSatisfy { $0.isLocked }) }
+            released = Set(addresses)
+        }
+        // Released slots are reused, and a reused slot starts out zero like a fresh page.
+        let fresh = (0..<300).map { _ in SecureBytes(count: 64) }
+        let reused = fresh.filter { f in released.contains(f.withUnsafeBytes { UInt(bitPattern: $0.baseAddress) }) }
+        #expect(!reused.isEmpty, "no released slot was reused")
+        #expect(fresh.allSatisfy { $0.unsafeCopyBytes() == [UInt8](repeating: 0, count: 64) })
+    }
+
     @Test func constantTimeEqualFunction() {
         #expect(constantTimeEqual([1, 2, 3], [1, 2, 3]))
         #expect(!constantTimeEqual([1, 2, 3], [1, 2, 0]))

@@ -1,0 +1,46 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Locked, dump-excluded pages cut into fixed slots for small secrets (keys). SecureBytes takes
+/// its storage here when it fits: one mmap + madvise + mlock per page of slots instead of per key.
+///
+/// Slots come back zeroed (SecureBytes cleanses before releasing) and are reused; pages are kept
+/// for the life of the process, so locked memory is bounded by the most keys alive at once.
+final class SecureSlab: Sendable {
+    static let slotSize = 64
+    static let shared = SecureSlab()
+
+    struct Slot: @unchecked Sendable {
+        let pointer: UnsafeMutableRawPointer
+        /// Whether its page is mlocked (mlock can fail for an unprivileged user over RLIMIT_MEMLOCK).
+        let locked: Bool
+    }
+
+    private let free = Mutex<[Slot]>([])
+
+    /// A zero-filled slot of `slotSize` bytes.
+    func allocate() -> Slot {
+        if let slot = free.withLock({ $0.popLast() }) { return slot }
+        let page = SecureBytes.pageSize
+        let mapped = mmap(nil, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        guard let mapped, mapped != UnsafeMutableRawPointer(bitPattern: -1) else {
+            fatalError("SecureSlab: mmap of \(page) bytes failed (errno \(errno))")
+        }
+        #if os(Linux)
+        _ = madvise(mapped, page, MADV_DONTDUMP)
+        #endif
+        let locked = mlock(mapped, page) == 0
+        let slots = (0..<(page / Self.slotSize)).map { Slot(pointer: mapped + $0 * Self.slotSize, locked: locked) }
+        free.withLock { $0.append(contentsOf: slots.dropFirst()) }
+        return slots[0]
+    }
+
+    /// Takes back a slot its owner has already zeroed.
+    func release(_ pointer: UnsafeMutableRawPointer, locked: Bool) {
+        free.withLock { $0.append(Slot(pointer: pointer, locked: locked)) }
+    }
+}
