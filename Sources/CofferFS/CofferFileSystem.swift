@@ -44,6 +44,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     public var cacheTimeouts: CacheTimeouts { options.cacheTimeouts }
     public var isReadOnly: Bool { options.readOnly }
+    /// Existing files are read and written by inode alone: an open costs the kernel no round trip.
+    /// What an open would have guarded is covered otherwise: the kernel holds a lookup on every
+    /// open file, so an unlinked file stays (as an orphan) until its forget, not its last close.
+    public var opensWithoutHandles: Bool { true }
 
     struct OpenFile {
         let ino: InodeNumber
@@ -172,7 +176,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             if s.dirty || s.opens > 0 { s.writeError = error }
             s.dropChunkMap()
             if let r = try? store.inode(ino) {
-                s.record = r; s.dirty = false; s.deleted = false
+                // A stored record without links was written with its orphan row (`persist`).
+                s.record = r; s.dirty = false; s.deleted = false; s.orphaned = r.nlink == 0
             } else if s.lookups == 0 && s.opens == 0 {
                 inodes[ino] = nil
             } else {
@@ -182,13 +187,16 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         }
     }
 
-    /// Writes a changed record now (inside the open group transaction).
+    /// Writes a changed record now (inside the open group transaction). A record without links
+    /// (unlinked, still held) is written with its orphan row, so a crash before its removal
+    /// leaves nothing behind after the next mount.
     func persist(_ s: InodeState) throws(FSError) {
         guard !s.deleted else { return }
         try flushTail(s)
         do {
             try s.flushChunkMap(store)
             try store.putInode(s.ino, s.record)
+            if s.record.nlink == 0 && !s.orphaned { try store.addOrphan(s.ino); s.orphaned = true }
         } catch { throw fsError(error) }
         s.dirty = false
     }

@@ -141,6 +141,12 @@ public struct RenameFlags: OptionSet, Sendable {
 /// Handle of an open file or directory, as handed to the kernel in `fi->fh`.
 public typealias HandleID = UInt64
 
+extension HandleID {
+    /// What reads and writes carry on a file the kernel opened without asking the filesystem
+    /// (`FileSystemOperations.opensWithoutHandles`). Real handles start at 1.
+    public static let none: HandleID = 0
+}
+
 /// What opening a file tells the kernel about its page cache.
 public struct OpenResult: Sendable {
     public var handle: HandleID

@@ -8,6 +8,12 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     var cacheTimeouts: CacheTimeouts { get }
     /// True when mounted read-only: every mutation throws EROFS.
     var isReadOnly: Bool { get }
+    /// True when reading and writing a file needs no handle: the adapter then answers OPEN with
+    /// ENOSYS once, the kernel stops sending OPEN and RELEASE (two round trips fewer per open, as
+    /// `cat` or `grep -r` do on every file), and reads and writes carry `HandleID.none`. O_TRUNC
+    /// then arrives as a setattr. From then on the kernel sends no RELEASE after `create` either,
+    /// so such a filesystem must hand out no handle there (`HandleID.none`).
+    var opensWithoutHandles: Bool { get }
 
     func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes
     func forget(_ ino: InodeNumber, lookups: UInt64)
@@ -57,4 +63,8 @@ public protocol FileSystemOperations: AnyObject, Sendable {
 
     /// Commits everything and stops accepting work (unmount).
     func shutdown()
+}
+
+extension FileSystemOperations {
+    public var opensWithoutHandles: Bool { false }
 }

@@ -14,11 +14,21 @@ extension CofferFileSystem {
     }
 
     public func forget(_ ino: InodeNumber, lookups: UInt64) {
-        meta.withLock {
-            guard let s = inodes[ino] else { return }
+        let removed = meta.withLock { () -> Bool in
+            guard let s = inodes[ino] else { return false }
             s.lookups = s.lookups > lookups ? s.lookups - lookups : 0
-            release(ifUnused: s)
+            guard s.lookups == 0 && s.opens == 0 && (s.record.nlink == 0 || s.dirty) else {
+                release(ifUnused: s)
+                return false
+            }
+            // Removing an unlinked file is several statements: one visit to the writer.
+            _ = try? store.batch { release(ifUnused: s) }
+            return s.deleted
         }
+        // `rm` frees space here, at the forget: on a full disk the deletes commit in pieces
+        // (EntityStore.isCommitDue) before new writes need the room. A failure is the next
+        // writer's to see.
+        if removed { try? commitIfDue() }
     }
 
     /// The inode a name points to (call under meta).
@@ -159,16 +169,18 @@ extension CofferFileSystem {
         try commitIfDue()
     }
 
-    /// One name fewer: the inode goes when its last name goes and nothing holds it open.
-    /// An open file without names stays (an orphan row makes a crash clean it up at next mount).
+    /// One name fewer: the inode goes when its last name goes and nothing holds it: no handle
+    /// and no kernel reference (files opened without a handle are held by the kernel's lookup).
+    /// A held file without names stays and goes at its last close and forget. For `rm` the forget
+    /// follows at once, mostly before the next commit: so the record (and its orphan row, which
+    /// makes a crash clean it up at next mount) is written only if a commit comes first, and a
+    /// full disk is not asked for room to delete a file.
     func dropLink(_ s: InodeState, now: StoredTime) throws(FSError) {
         s.record.nlink = s.record.nlink > 0 ? s.record.nlink - 1 : 0
         s.record.ctime = now
         if s.record.nlink > 0 { try persist(s); return }
-        if s.opens > 0 {
-            try persist(s)
-            do { try store.addOrphan(s.ino) } catch { throw fsError(error) }
-            s.orphaned = true
+        if s.opens > 0 || s.lookups > 0 {
+            s.dirty = true
         } else {
             try destroy(s)
             release(ifUnused: s)

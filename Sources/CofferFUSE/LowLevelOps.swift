@@ -91,7 +91,8 @@ enum LowLevelOps {
         }
         func disable(_ flag: Int32) { want &= ~UInt32(bitPattern: flag) }
         enable(FUSE_CAP_ASYNC_READ)
-        enable(FUSE_CAP_ATOMIC_O_TRUNC)
+        // Without OPEN requests O_TRUNC must come as a SETATTR (size 0), as it does without this flag.
+        if ctx.fs.opensWithoutHandles { disable(FUSE_CAP_ATOMIC_O_TRUNC) } else { enable(FUSE_CAP_ATOMIC_O_TRUNC) }
         enable(FUSE_CAP_READDIRPLUS)
         enable(FUSE_CAP_READDIRPLUS_AUTO)
         enable(FUSE_CAP_PARALLEL_DIROPS)
@@ -316,6 +317,9 @@ enum LowLevelOps {
     static func open(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         guard let ctx = context(req) else { fuse_reply_err(req, EIO); return }
         guard let fi else { fuse_reply_err(req, EINVAL); return }
+        // The kernel takes ENOSYS as "opens need no round trip" and sends no OPEN or RELEASE again
+        // (for directories it still sends OPENDIR). It checks permissions itself (default_permissions).
+        if ctx.fs.opensWithoutHandles { fuse_reply_err(req, ENOSYS); return }
         do {
             if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_OPEN_KILL_SUIDGID (O_TRUNC)
             let result = try ctx.fs.open(ino, flags: effectiveFlags(ctx, fi.pointee.flags), caller: caller(req))

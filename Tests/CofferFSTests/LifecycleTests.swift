@@ -22,6 +22,9 @@ struct LifecycleTests {
         #expect(try f.fs.read(ino, handle: h, offset: 9_998, size: 10) == [1, 1])
         try f.write(ino, h, at: 10_000, b("more"))
         #expect(try f.fs.read(ino, handle: h, offset: 9_999, size: 10) == [1] + b("more"))
+        // The orphan row goes out with the record at the next commit (rm's forget mostly comes first).
+        #expect(try f.store.orphans().isEmpty)
+        try f.fs.commit()
         #expect(try f.store.orphans() == [ino])
         #expect(try f.store.chunkIndices(file: cid) == [0, 1, 2])
         // A second handle keeps it alive after the first closes.
@@ -30,12 +33,15 @@ struct LifecycleTests {
         #expect(try f.fs.read(ino, handle: h2, offset: 0, size: 1) == [1])
         #expect(try f.store.inode(ino) != nil)
         f.fs.release(ino, handle: h2)
-        // Gone with the last close: inode, chunks, xattrs, orphan row.
+        // The kernel still holds it (another process may read it without a handle).
+        #expect(try f.fs.read(ino, handle: .none, offset: 0, size: 1) == [1])
+        #expect(try f.store.orphans() == [ino])
+        // Gone with the last close and the kernel's forget: inode, chunks, xattrs, orphan row.
+        f.fs.forget(ino, lookups: 1)
         #expect(try f.store.inode(ino) == nil)
         #expect(try f.store.chunkIndices(file: cid).isEmpty)
         #expect(try f.store.xattrs(ino).isEmpty)
         #expect(try f.store.orphans().isEmpty)
-        f.fs.forget(ino, lookups: 1)
         expectError(FSError.notFound) { _ = try f.fs.getattr(ino) }
         #expect(try f.store.counts().inodes == 1, "only the root is left")
     }
@@ -48,11 +54,39 @@ struct LifecycleTests {
         try f.file("new", b("new data"))
         try f.fs.rename(parent: root, name: b("new"), newParent: root, newName: b("victim"), flags: [])
         #expect(try f.fs.read(victim, handle: h, offset: 0, size: 100) == b("old data"))
+        try f.fs.commit()
         #expect(try f.store.orphans() == [victim])
         f.fs.release(victim, handle: h)
+        #expect(try f.store.orphans() == [victim], "the kernel still holds it")
+        f.fs.forget(victim, lookups: .max)
         #expect(try f.store.inode(victim) == nil)
         #expect(try f.store.orphans().isEmpty)
         #expect(try f.contents(try f.ino("victim")) == b("new data"))
+    }
+
+    @Test func readAndWriteWithoutAHandle() throws {
+        // What the kernel sends once OPEN got ENOSYS: reads and writes carrying HandleID.none.
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        let ino = try f.file("plain", b("0123456789"))
+        #expect(f.fs.opensWithoutHandles)
+        #expect(try f.fs.read(ino, handle: .none, offset: 2, size: 3) == b("234"))
+        // No O_APPEND is assumed: the kernel has placed append writes already.
+        try f.write(ino, .none, at: 4, b("ab"))
+        try f.write(ino, .none, at: 9_000, b("end"))
+        #expect(try f.fs.getattr(ino).size == 9_003)
+        #expect(try f.fs.read(ino, handle: .none, offset: 0, size: 12) == b("0123ab6789") + [0, 0])
+        #expect(try f.fs.read(ino, handle: .none, offset: 9_000, size: 10) == b("end"))
+        // A handle that was never given out is still refused.
+        expectError(FSError.badHandle) { _ = try f.fs.read(ino, handle: 987_654, offset: 0, size: 1) }
+        // Unlinked while the kernel holds it: readable without a handle until the forget.
+        let cid = try #require(f.contentId(ino))
+        try f.fs.unlink(parent: root, name: b("plain"))
+        #expect(try f.fs.read(ino, handle: .none, offset: 9_000, size: 10) == b("end"))
+        f.fs.forget(ino, lookups: .max)
+        #expect(try f.store.inode(ino) == nil)
+        #expect(try f.store.chunkIndices(file: cid).isEmpty)
+        #expect(try f.store.orphans().isEmpty)
     }
 
     @Test func orphanOfACrashIsRemovedAtTheNextMount() throws {

@@ -61,8 +61,15 @@ struct NamespaceTests {
         expectError(FSError.notFound) { try f.fs.unlink(parent: root, name: b("one")) }
         let cid = try #require(f.contentId(ino))
         try f.fs.unlink(parent: d, name: b("two"))
+        // The kernel still holds the inode (it may be open without a handle): kept as an orphan ...
+        try f.fs.commit()
+        #expect(try f.store.orphans() == [ino])
+        #expect(try f.contents(ino) == b("shared content"))
+        // ... and gone with the kernel's forget.
+        f.fs.forget(ino, lookups: .max)
         #expect(try f.store.inode(ino) == nil)
         #expect(try f.store.chunkIndices(file: cid).isEmpty)
+        #expect(try f.store.orphans().isEmpty)
         #expect(try f.list(d).isEmpty)
     }
 
@@ -76,6 +83,9 @@ struct NamespaceTests {
         #expect(try f.ino("dst") == src)
         #expect(try f.contents(src) == b("new"))
         expectError(FSError.notFound) { _ = try f.fs.lookup(parent: root, name: b("src")) }
+        try f.fs.commit()
+        #expect(try f.store.orphans() == [dst], "the replaced file stays while the kernel holds it")
+        f.fs.forget(dst, lookups: .max)
         #expect(try f.store.inode(dst) == nil, "the replaced file is gone")
         #expect(try f.store.chunkIndices(file: dstContent).isEmpty)
         #expect(try f.list() == ["dst"])

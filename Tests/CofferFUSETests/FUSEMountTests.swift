@@ -426,6 +426,38 @@ struct FUSEMountTests {
         }
     }
 
+    @Test("Opens without handles: OPEN answered ENOSYS once, then no OPEN or RELEASE; reads, writes and O_TRUNC work")
+    func opensWithoutHandles() throws {
+        let fs = MemoryFileSystem(opensWithoutHandles: true)
+        try withMount(fs: fs) { m in
+            try writeFile(m.path("f"), Array("hello world".utf8))        // CREATE: a handle, released
+            #expect(fs.count("create") == 1)
+            // RELEASE is sent in the background after close.
+            for _ in 0..<200 where fs.count("release") == 0 { usleep(10_000) }
+            #expect(fs.count("release") == 1)
+            for _ in 0..<20 { #expect(try readFile(m.path("f")) == Array("hello world".utf8)) }
+            // Reopened for writing, in place and at the end.
+            let fd = open(m.path("f"), O_WRONLY)
+            #expect(fd >= 0)
+            #expect(Array("J".utf8).withUnsafeBytes { pwrite(fd, $0.baseAddress, 1, 6) } == 1)
+            close(fd)
+            let a = open(m.path("f"), O_WRONLY | O_APPEND)
+            #expect(a >= 0)
+            #expect(Array("!".utf8).withUnsafeBytes { write(a, $0.baseAddress, 1) } == 1)
+            close(a)
+            #expect(try readFile(m.path("f")) == Array("hello Jorld!".utf8))
+            // O_TRUNC without an OPEN request: the kernel truncates through setattr.
+            let t = open(m.path("f"), O_WRONLY | O_TRUNC)
+            #expect(t >= 0)
+            close(t)
+            #expect(try readFile(m.path("f")).isEmpty)
+            usleep(200_000)  // time for any (wrong) background RELEASE to arrive
+            #expect(fs.count("open") == 0, "the filesystem's open was never called")
+            #expect(fs.count("release") == 1, "no RELEASE for handle-less opens")
+            #expect(fs.count("read") >= 1)
+        }
+    }
+
     @Test("KILLPRIV_V2: 100 writes ask GETXATTR(security.capability) at most once; without the hook, every time",
           arguments: [true, false])
     func killPrivNoCapabilityProbe(hook: Bool) throws {

@@ -30,13 +30,15 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
 
     let state = Mutex(State())
     let isReadOnly: Bool
+    let opensWithoutHandles: Bool
     let cacheTimeouts: CacheTimeouts
     let statistics = FileSystemStatistics(blockSize: 4096, totalBlocks: 123_456, freeBlocks: 100_000,
                                           availableBlocks: 99_000, totalFiles: 1_000_000, freeFiles: 999_000,
                                           maxNameLength: 255)
 
-    init(readOnly: Bool = false, timeouts: CacheTimeouts = CacheTimeouts()) {
+    init(readOnly: Bool = false, timeouts: CacheTimeouts = CacheTimeouts(), opensWithoutHandles: Bool = false) {
         self.isReadOnly = readOnly
+        self.opensWithoutHandles = opensWithoutHandles
         self.cacheTimeouts = timeouts
         let now = Timestamp.now()
         let root = Attributes(ino: 1, mode: UInt32(S_IFDIR) | 0o755, nlink: 2, uid: getuid(), gid: getgid(), rdev: 0,
@@ -373,7 +375,7 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8] {
         try state.withLock { s throws(FSError) in
             Self.note(&s, "read")
-            guard s.openHandles[handle] == ino else { throw .badHandle }
+            guard s.openHandles[handle] == ino || (opensWithoutHandles && handle == .none) else { throw .badHandle }
             let n = try Self.node(&s, ino)
             guard offset < UInt64(n.data.count) else { return [] }
             let start = Int(offset)
@@ -387,7 +389,7 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
         return try state.withLock { s throws(FSError) in
             Self.note(&s, "write")
             s.largestWrite = max(s.largestWrite, data.count)
-            guard s.openHandles[handle] == ino else { throw .badHandle }
+            guard s.openHandles[handle] == ino || (opensWithoutHandles && handle == .none) else { throw .badHandle }
             var n = try Self.node(&s, ino)
             let end = Int(offset) + data.count
             if n.data.count < end { n.data += [UInt8](repeating: 0, count: end - n.data.count) }
