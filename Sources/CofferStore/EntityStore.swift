@@ -147,8 +147,36 @@ public final class EntityStore: @unchecked Sendable {
             } catch { throw .database("\(error)") }
             store.checkpointer = Checkpointer(path: path)
             store.reserve = SpaceReserve(directory: (path as NSString).deletingLastPathComponent)
+            store.foldInLeftoverWAL()
         }
         return store
+    }
+
+    /// Folds a WAL left by a crash into the database file before the first write. After a crash,
+    /// SQLite rebuilds the WAL index from the WAL file and no longer knows that those frames were
+    /// already copied into the database file (its backfill count starts at 0), so the first
+    /// transaction would be appended after all of them instead of rewriting the WAL from its start,
+    /// and the WAL file would have to grow. On a full disk that commit fails and takes its whole
+    /// group with it, deletes included, although the frames it skips are already in the database: a
+    /// daemon killed right after a large group commit leaves a WAL that fills its file to the end
+    /// (KilledOnAFullDiskTests). After this checkpoint the next transaction writes from the WAL's
+    /// start, in space the file already has. If the database file must grow to take the frames in
+    /// and the disk has no room, the reserve is given back and the checkpoint tried again (the disk
+    /// is full). It runs on the writer before any transaction, so the open waits for it: a copy of
+    /// what the crash left in the WAL, which the checkpoint thread would otherwise write moments later.
+    private func foldInLeftoverWAL() {
+        guard walSize() > 0 else { return }
+        for attempt in 0 ..< 2 {
+            do {
+                try pool.writeWithoutTransaction { _ = try $0.checkpoint(.restart) }
+                return
+            } catch let e as DatabaseError where e.resultCode == .SQLITE_FULL && attempt == 0 && reserve?.isHeld == true {
+                reserve?.release()
+            } catch {
+                // Not fatal: the frames stay in the WAL and the first commit appends after them.
+                return
+            }
+        }
     }
 
     /// Where SQLite opens a read-only store. In a directory that cannot be written (read-only medium or

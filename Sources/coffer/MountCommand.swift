@@ -16,10 +16,10 @@ struct MountCommand: ParsableCommand {
             foreground; SIGINT/SIGTERM unmount). Unmount with `coffer unmount DIR` or `fusermount3 -u DIR`.
             Options (-o, comma-separated): passfile=FILE, extpass=CMD, keyfile=FILE, ro, allow_other,
             default_permissions (always on), debug, auto_unmount, nonempty, plain_symlinks (store absolute
-            symlink targets inside the mount as given), writeback_cache (the kernel's writeback cache: writes
-            reach the daemon in batches, errors show at fsync or close; no_writeback_cache is the default),
-            and the mount flags noatime, nodev,
-            nosuid, noexec (and their opposites).
+            symlink targets inside the mount as given), no_writeback_cache (turns off the kernel's writeback
+            cache, on by default: writes reach the daemon in batches, errors show at fsync or close;
+            writeback_cache is accepted), and the mount flags noatime, nodev, nosuid, noexec (and their
+            opposites).
             --config FILE reads container, mountpoint, password source and options from FILE (`key = value`
             lines: container, mountpoint, passfile, keyfile, extpass, credential, options; relative paths
             are relative to FILE's directory). The coffer@NAME user service runs

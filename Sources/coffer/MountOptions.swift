@@ -12,10 +12,9 @@ struct MountOptionSet {
     var nonempty = false
     var plainSymlinks = false
     /// The kernel's writeback cache: writes land in the page cache and reach the daemon in large
-    /// batches (docs/MEASUREMENTS.md). Off by default: with it, a daemon killed on a full disk while
-    /// the kernel still flushes the failed file's pages sometimes leaves a container that cannot
-    /// delete until space is freed elsewhere (KilledOnAFullDiskTests, 1 run in 3 under load).
-    var writebackCache = false
+    /// batches (docs/MEASUREMENTS.md); a write error shows at fsync or close. On by default;
+    /// `no_writeback_cache` turns it off.
+    var writebackCache = true
     var singleThreaded = false
     var allowRollback = false
     var passthrough: [String] = []
@@ -49,7 +48,7 @@ struct MountOptionSet {
             case (let k, _) where Self.ignored.contains(k) || k.hasPrefix("x-") || k.hasPrefix("comment="): continue
             case (let k, _?) where Self.passthroughValued.contains(k): passthrough.append(raw)
             default:
-                throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: passfile=, extpass=, keyfile=, ro, allow_other, default_permissions, debug, auto_unmount, nonempty, plain_symlinks, writeback_cache, allow_rollback, noatime, nodev, nosuid, noexec, ...)", code: 64)
+                throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: passfile=, extpass=, keyfile=, ro, allow_other, default_permissions, debug, auto_unmount, nonempty, plain_symlinks, writeback_cache, no_writeback_cache, allow_rollback, noatime, nodev, nosuid, noexec, ...)", code: 64)
             }
         }
     }

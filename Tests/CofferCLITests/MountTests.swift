@@ -85,8 +85,8 @@ struct MountTests {
         #expect(sb.unmount().ok)
     }
 
-    /// With the writeback cache, a root daemon lifts the kernel's strict dirty-page limit for its own
-    /// mount (and only with it: without the cache the kernel's limits stay as they are).
+    /// With the writeback cache (the default), a root daemon lifts the kernel's strict dirty-page limit
+    /// for its own mount (and only with it: with no_writeback_cache the kernel's limits stay as they are).
     @Test(.enabled(if: E2E.isRoot, "only root may change /sys/class/bdi")) func writebackLimitsFollowTheCache() throws {
         let sb = try Sandbox("bdi")
         defer { sb.cleanup() }
@@ -98,11 +98,15 @@ struct MountTests {
             let strict = try String(contentsOfFile: dir + "/strict_limit", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
             return (ratio, strict)
         }
-        try #require(sb.mount(options: "writeback_cache").ok)
-        let relaxed = try limits()
-        #expect(relaxed.ratio == "20" && relaxed.strict == "0", "with the writeback cache: \(relaxed)")
-        #expect(sb.unmount().ok)
         try #require(sb.mount().ok)
+        let relaxed = try limits()
+        #expect(relaxed.ratio == "20" && relaxed.strict == "0", "with the writeback cache, the default: \(relaxed)")
+        #expect(sb.unmount().ok)
+        try #require(sb.mount(options: "writeback_cache").ok)
+        let asked = try limits()
+        #expect(asked.ratio == "20" && asked.strict == "0", "with -o writeback_cache: \(asked)")
+        #expect(sb.unmount().ok)
+        try #require(sb.mount(options: "no_writeback_cache").ok)
         let kernel = try limits()
         #expect(kernel.ratio == "1" && kernel.strict == "1", "without it the kernel's FUSE defaults stay: \(kernel)")
         #expect(sb.unmount().ok)

@@ -663,7 +663,7 @@ struct PosixTests {
     /// Set-id bits as ext4 keeps them (the daemon clears them under FUSE_HANDLE_KILLPRIV_V2): a write or
     /// truncate by an unprivileged user clears set-user-ID and (group-executable) set-group-ID, root's keeps
     /// them, chown clears them also for root; set-group-ID without group-execute stays for a group member.
-    @Test(arguments: ["allow_other", "allow_other,writeback_cache"])
+    @Test(arguments: ["allow_other", "allow_other,no_writeback_cache"])
     func setIDBitsOnWriteTruncateAndChown(options: String) throws {
         guard E2E.isRoot else { print("skipped: needs root to act as another user"); return }
         let sb = try Sandbox("setid")

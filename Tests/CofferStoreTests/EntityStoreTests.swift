@@ -241,6 +241,55 @@ struct EntityStoreTests {
         }
     }
 
+    /// After a crash SQLite forgets that the frames in the WAL were already checkpointed; the store
+    /// folds them in when it opens, so the first commit rewrites the WAL from its start instead of
+    /// growing the file (which a full disk refuses: KilledOnAFullDiskTests).
+    @Test func firstCommitAfterACrashRewritesTheWALInPlace() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            defer { store.close() }
+            // One large commit: its frames fill the WAL file to its end. Then they are checkpointed.
+            let file = try EntityStore.newContentId()
+            let cipher = try keys.fileCipher(contentId: file)
+            let chunk = [UInt8](repeating: 9, count: 65536)
+            for i in 0 ..< 32 {
+                try store.putChunk(file: file, index: UInt64(i), sealed: try chunk.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+            }
+            try store.putInode(80, sampleInode(size: 32 * 65536, contentId: file))
+            try store.commit()
+            let folded = try store.pool.writeWithoutTransaction { try $0.checkpoint(.passive) }
+            #expect(folded.walFrameCount > 100 && folded.checkpointedFrameCount == folded.walFrameCount, "\(folded)")
+
+            // "Crash": copy the files as they are on disk, WAL and shared memory included.
+            let crash = dir + "/crash"
+            try FileManager.default.createDirectory(atPath: crash, withIntermediateDirectories: false)
+            for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
+                try FileManager.default.copyItem(atPath: path + suffix, toPath: crash + "/store.db" + suffix)
+            }
+            let walBefore = try #require(try FileManager.default.attributesOfItem(atPath: crash + "/store.db-wal")[.size] as? Int)
+            #expect(walBefore > 32 * 65536)
+            let recovered = try EntityStore.open(at: crash + "/store.db", keys: keys)
+            try recovered.putInode(81, sampleInode(size: 1))
+            try recovered.deleteChunks(file: file, from: 16)
+            try recovered.commit()
+            let walAfter = try #require(try FileManager.default.attributesOfItem(atPath: crash + "/store.db-wal")[.size] as? Int)
+            #expect(walAfter == walBefore, "the first commit after the crash grew the WAL from \(walBefore) to \(walAfter) bytes")
+            #expect(try recovered.inode(80)?.size == 32 * 65536)
+            #expect(try recovered.inode(81)?.size == 1)
+            #expect(try recovered.chunkIndices(file: file) == (0 ..< 16).map { UInt64($0) })
+            recovered.close()
+            // Both commits are in the store when it is opened again.
+            let reopened = try EntityStore.open(at: crash + "/store.db", keys: keys)
+            defer { reopened.close() }
+            #expect(try reopened.inode(81)?.size == 1)
+            #expect(try reopened.chunkIndices(file: file) == (0 ..< 16).map { UInt64($0) })
+            let first = try #require(try reopened.sealedChunks(file: file, first: 0, last: 0).first)
+            var plain = [UInt8](repeating: 0, count: 65536)
+            let n = try plain.withUnsafeMutableBytes { try reopened.openChunk(first.sealed, file: file, index: 0, cipher: cipher, into: $0) }
+            #expect(n == 65536 && plain == chunk)
+        }
+    }
+
     @Test func openRefusesWhatIsNotAStore() throws {
         try withTempDir { dir in
             let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
