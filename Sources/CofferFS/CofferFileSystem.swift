@@ -251,6 +251,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     /// Writes every changed record and makes it durable in one commit (fsync, fsyncdir, unmount).
     public func commit() throws(FSError) {
+        awaitForgetsOnAFullDisk()
         try meta.withLock { () throws(FSError) in try commitLocked(durable: true) }
     }
 
@@ -258,7 +259,23 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// not synced: durability is what fsync asks for, and it syncs every commit before it.
     func commitIfDue() throws(FSError) {
         guard !options.readOnly, store.isCommitDue(age: options.commitInterval, volume: options.commitVolume) else { return }
+        awaitForgetsOnAFullDisk()
         try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
+    }
+
+    /// A deleted file's space comes free at the kernel's forget, which follows `rm` at once but is
+    /// handled on another thread and may lag behind the next writes under load. On a full disk a
+    /// commit that runs first finds no room, and its group, the new writes included, is lost. So
+    /// when space is short, wait a little (at most 0.5 s) for the forgets of unlinked files that
+    /// no handle holds; a file really held open (without a handle) only costs that wait.
+    private func awaitForgetsOnAFullDisk() {
+        guard !options.readOnly, store.isLowOnSpace() else { return }
+        let deadline = ContinuousClock.now + .milliseconds(500)
+        while ContinuousClock.now < deadline {
+            let pending = meta.withLock { inodes.values.contains { $0.record.nlink == 0 && !$0.deleted && $0.opens == 0 } }
+            guard pending else { return }
+            usleep(5_000)
+        }
     }
 
     private func commitLocked(durable: Bool) throws(FSError) {

@@ -456,7 +456,7 @@ public final class EntityStore: @unchecked Sendable {
     /// A checkpoint needs room for the database file to take in what the WAL holds. When the disk
     /// runs low, fold the WAL in right after each commit, so the WAL never holds more than the disk
     /// can absorb and a full disk stays recoverable by deleting files.
-    private func isLowOnSpace() -> Bool {
+    public func isLowOnSpace() -> Bool {
         freeSpace() < 4 * walSize() + (64 << 20)
     }
 
