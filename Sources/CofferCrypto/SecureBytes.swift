@@ -42,6 +42,16 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, Cu
         let pages = max(count, 1) / page + (max(count, 1) % page == 0 ? 0 : 1)
         let (length, overflow) = pages.multipliedReportingOverflow(by: page)
         precondition(!overflow, "SecureBytes count too large")
+        let (mapped, locked) = SecureBytes.mapLockedPages(length)
+        self.base = mapped
+        self.capacity = length
+        self.count = count
+        self.isLocked = locked
+        self.inSlab = false
+    }
+
+    /// Fresh zeroed pages of our own, out of core dumps, locked if mlock allows it.
+    static func mapLockedPages(_ length: Int) -> (pointer: UnsafeMutableRawPointer, locked: Bool) {
         let mapped = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
         guard let mapped, mapped != UnsafeMutableRawPointer(bitPattern: -1) else {
             // Like any allocation failure in Swift: there is no memory to continue with.
@@ -50,11 +60,7 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, Cu
         #if os(Linux)
         _ = madvise(mapped, length, MADV_DONTDUMP)
         #endif
-        self.base = mapped
-        self.capacity = length
-        self.count = count
-        self.isLocked = mlock(mapped, length) == 0
-        self.inSlab = false
+        return (mapped, mlock(mapped, length) == 0)
     }
 
     public convenience init<C: Collection>(copying bytes: C) where C.Element == UInt8 {

@@ -1,9 +1,4 @@
 import Synchronization
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
 
 /// Locked, dump-excluded pages cut into fixed slots for small secrets (keys). SecureBytes takes
 /// its storage here when it fits: one mmap + madvise + mlock per page of slots instead of per key.
@@ -26,14 +21,7 @@ final class SecureSlab: Sendable {
     func allocate() -> Slot {
         if let slot = free.withLock({ $0.popLast() }) { return slot }
         let page = SecureBytes.pageSize
-        let mapped = mmap(nil, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-        guard let mapped, mapped != UnsafeMutableRawPointer(bitPattern: -1) else {
-            fatalError("SecureSlab: mmap of \(page) bytes failed (errno \(errno))")
-        }
-        #if os(Linux)
-        _ = madvise(mapped, page, MADV_DONTDUMP)
-        #endif
-        let locked = mlock(mapped, page) == 0
+        let (mapped, locked) = SecureBytes.mapLockedPages(page)
         let slots = (0..<(page / Self.slotSize)).map { Slot(pointer: mapped + $0 * Self.slotSize, locked: locked) }
         free.withLock { $0.append(contentsOf: slots.dropFirst()) }
         return slots[0]

@@ -235,7 +235,7 @@ public final class EntityStore: @unchecked Sendable {
         checkpointer?.stop()
         checkpointer = nil
         readers.closeAll()
-        if !readOnly { try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) } }
+        if !readOnly { _ = try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) } }
         try? pool.close()
     }
 
