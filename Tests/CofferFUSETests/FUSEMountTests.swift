@@ -157,6 +157,16 @@ func withMount(fs: MemoryFileSystem = MemoryFileSystem(), configure: (inout FUSE
 
 // MARK: - POSIX helpers
 
+/// Runs a shell command as the user nobody (runuser); its exit status.
+func asNobody(_ command: String) throws -> Int32 {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+    p.arguments = ["-u", "nobody", "--", "/bin/sh", "-c", command]
+    try p.run()
+    p.waitUntilExit()
+    return p.terminationStatus
+}
+
 func writeFile(_ path: String, _ bytes: [UInt8], flags: Int32 = O_WRONLY | O_CREAT | O_TRUNC) throws {
     let fd = open(path, flags, 0o644)
     guard fd >= 0 else { throw HarnessError(description: "open \(path): \(String(cString: strerror(errno)))") }
@@ -441,15 +451,10 @@ struct FUSEMountTests {
             #expect(fd >= 0)
             #expect(Array("J".utf8).withUnsafeBytes { pwrite(fd, $0.baseAddress, 1, 6) } == 1)
             close(fd)
-            let a = open(m.path("f"), O_WRONLY | O_APPEND)
-            #expect(a >= 0)
-            #expect(Array("!".utf8).withUnsafeBytes { write(a, $0.baseAddress, 1) } == 1)
-            close(a)
+            try writeFile(m.path("f"), Array("!".utf8), flags: O_WRONLY | O_APPEND)
             #expect(try readFile(m.path("f")) == Array("hello Jorld!".utf8))
             // O_TRUNC without an OPEN request: the kernel truncates through setattr.
-            let t = open(m.path("f"), O_WRONLY | O_TRUNC)
-            #expect(t >= 0)
-            close(t)
+            try writeFile(m.path("f"), [], flags: O_WRONLY | O_TRUNC)
             #expect(try readFile(m.path("f")).isEmpty)
             usleep(200_000)  // time for any (wrong) background RELEASE to arrive
             #expect(fs.count("open") == 0, "the filesystem's open was never called")
@@ -491,21 +496,11 @@ struct FUSEMountTests {
             #expect(chmod(m.path("f"), 0o6777) == 0)
             try writeFile(m.path("f"), [2], flags: O_WRONLY)
             #expect(statOf(m.path("f")).map { $0.st_mode & 0o7777 } == 0o6777, "root's write keeps the set-id bits")
-            let w = Process()
-            w.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
-            w.arguments = ["-u", "nobody", "--", "/bin/sh", "-c", "printf x >> '\(m.path("f"))'"]
-            try w.run()
-            w.waitUntilExit()
-            #expect(w.terminationStatus == 0)
+            #expect(try asNobody("printf x >> '\(m.path("f"))'") == 0)
             #expect(fs.count("clearSetID") >= 1, "the write's FUSE_WRITE_KILL_SUIDGID reached the filesystem")
             #expect(statOf(m.path("f")).map { $0.st_mode & 0o7777 } == 0o0777)
             #expect(chmod(m.path("f"), 0o6777) == 0)
-            let t = Process()
-            t.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
-            t.arguments = ["-u", "nobody", "--", "/bin/sh", "-c", "printf y > '\(m.path("f"))'"]
-            try t.run()
-            t.waitUntilExit()
-            #expect(t.terminationStatus == 0)
+            #expect(try asNobody("printf y > '\(m.path("f"))'") == 0)
             #expect(statOf(m.path("f")).map { $0.st_mode & 0o7777 } == 0o0777, "O_TRUNC by nobody clears the bits")
             #expect(fs.contents(of: ["f"]) == Array("y".utf8))
         }
