@@ -82,8 +82,10 @@ extension CofferFileSystem {
     }
 
     public func getxattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError) -> [UInt8] {
-        // Other namespaces (security.capability is asked on every write) have nothing: no store visit.
-        guard name.starts(with: Self.userPrefix) else { throw .noData }
+        // Other namespaces are not supported, and say so as ext4 with noacl does: EOPNOTSUPP, not ENODATA.
+        // ls remembers EOPNOTSUPP per device and then stops asking for security.selinux and
+        // system.posix_acl_access on every entry, two round trips each; ENODATA made it ask for all of them.
+        guard name.starts(with: Self.userPrefix) else { throw .notSupported }
         return try meta.withLock { () throws(FSError) -> [UInt8] in
             _ = try state(ino)
             let value: [UInt8]?
@@ -102,7 +104,7 @@ extension CofferFileSystem {
 
     public func removexattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError) {
         try checkWritable()
-        guard name.starts(with: Self.userPrefix) else { throw .noData }
+        guard name.starts(with: Self.userPrefix) else { throw .notSupported }
         try meta.withLock { () throws(FSError) in
             let s = try state(ino)
             let removed: Bool

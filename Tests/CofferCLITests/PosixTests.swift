@@ -390,6 +390,43 @@ struct PosixTests {
         #expect(!other.ok, "\(other)")
     }
 
+    /// Coffer keeps no security.*, system.* or trusted.* attributes and says so with EOPNOTSUPP, as ext4 mounted
+    /// noacl does. `ls -l` remembers that per device: it then stops asking for security.selinux and
+    /// system.posix_acl_access on every entry (ENODATA cost two GETXATTR round trips per entry).
+    @Test func otherXattrNamespacesAreUnsupportedSoLsStopsAsking() throws {
+        let sb = try Sandbox("xattrns")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let child = try Child(E2E.coffer, ["mount", "-f", "-o", "debug", sb.container, sb.mnt, "--passfile", sb.passfile])
+        defer { child.stop() }
+        try #require(E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }, "mount: \(child.stderr)")
+        sb.noteDaemon()
+        try FileManager.default.createDirectory(atPath: sb.mnt + "/d", withIntermediateDirectories: false)
+        for i in 0 ..< 100 { try E2E.write(sb.mnt + "/d/f\(i)", "\(i)") }
+        let errors = E2E.py("""
+            import os, sys, errno
+            for name in ['security.selinux', 'system.posix_acl_access', 'trusted.x', 'security.capability']:
+                try: os.getxattr(sys.argv[1], name); print(name, 'found')
+                except OSError as e: print(name, errno.errorcode.get(e.errno))
+            """, [sb.mnt + "/d/f0"])
+        #expect(errors.stdout == """
+            security.selinux ENOTSUP
+            system.posix_acl_access ENOTSUP
+            trusted.x ENOTSUP
+            security.capability ENOTSUP
+
+            """, "\(errors)")
+        let before = child.stderr.components(separatedBy: "opcode: GETXATTR").count
+        let ls = E2E.run("/bin/ls", ["-lR", sb.mnt + "/d"])
+        #expect(ls.ok && ls.stdout.split(separator: "\n").filter { $0.hasPrefix("-rw") }.count == 100, "\(ls)")
+        #expect(!ls.stdout.contains("+ "), "an ACL mark in ls -l: \(ls.stdout.prefix(300))")
+        let asked = child.stderr.components(separatedBy: "opcode: GETXATTR").count - before
+        #expect(asked <= 4, "ls -lR over 100 files sent \(asked) GETXATTR requests")
+        // fusermount3, not `coffer unmount`: that waits for the daemon to be gone, and our unreaped child is not.
+        #expect(E2E.run("/bin/fusermount3", ["-u", sb.mnt]).ok)
+        #expect(child.waitForExit(30) == 0, "\(child.stderr.suffix(500))")
+    }
+
     @Test func nameLengthLimit() throws {
         guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
         let sb = try Sandbox("names")
