@@ -35,9 +35,12 @@ public struct Timestamp: Equatable, Sendable {
     public var seconds: Int64
     public var nanoseconds: UInt32
     public init(seconds: Int64, nanoseconds: UInt32) { self.seconds = seconds; self.nanoseconds = nanoseconds }
+    /// The kernel's clock for file times (current_time(), the coarse realtime clock). With the writeback
+    /// cache the kernel stamps mtime and ctime on writes itself; a finer clock here would make a write right
+    /// after a create move them back, and would dirty the inode (one more SETATTR per created file).
     public static func now() -> Timestamp {
         var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
+        clock_gettime(CLOCK_REALTIME_COARSE, &ts)
         return Timestamp(seconds: Int64(ts.tv_sec), nanoseconds: UInt32(ts.tv_nsec))
     }
 }
