@@ -36,7 +36,6 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     let meta = Lock()
     var inodes: [InodeNumber: InodeState] = [:]
     var files: [HandleID: OpenFile] = [:]
-    var directories: [HandleID: [DirectoryEntryRecord]] = [:]
     var nextHandle: HandleID = 1
     private var rolledBack = false
     private var stopped = false

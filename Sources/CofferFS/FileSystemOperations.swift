@@ -8,11 +8,12 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     var cacheTimeouts: CacheTimeouts { get }
     /// True when mounted read-only: every mutation throws EROFS.
     var isReadOnly: Bool { get }
-    /// True when reading and writing a file needs no handle: the adapter then answers OPEN with
-    /// ENOSYS once, the kernel stops sending OPEN and RELEASE (two round trips fewer per open, as
-    /// `cat` or `grep -r` do on every file), and reads and writes carry `HandleID.none`. O_TRUNC
-    /// then arrives as a setattr. From then on the kernel sends no RELEASE after `create` either,
-    /// so such a filesystem must hand out no handle there (`HandleID.none`).
+    /// True when reading and writing a file, and listing a directory, need no handle: the adapter
+    /// then answers OPEN and OPENDIR with ENOSYS once, the kernel stops sending OPEN, RELEASE,
+    /// OPENDIR and RELEASEDIR (two round trips fewer per open, as `cat` or `grep -r` do on every
+    /// file, and per directory listed), and reads, writes and readdir carry `HandleID.none` (readdir
+    /// resumes from its offset alone). O_TRUNC then arrives as a setattr. From then on the kernel
+    /// sends no RELEASE after `create` either, so such a filesystem must hand out no handle there.
     var opensWithoutHandles: Bool { get }
 
     func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes

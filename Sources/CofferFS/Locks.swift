@@ -34,13 +34,3 @@ enum ContentLocks {
         stripes[Int(truncatingIfNeeded: (ino ^ (ino >> 17)) & 255)]
     }
 }
-
-/// glibc's malloc_trim (not exported to Swift), looked up once.
-enum MemoryTrim {
-    private typealias Trim = @convention(c) (Int) -> Int32
-    private static let function: Trim? = {
-        guard let handle = dlopen(nil, RTLD_NOW), let symbol = dlsym(handle, "malloc_trim") else { return nil }
-        return unsafeBitCast(symbol, to: Trim.self)
-    }()
-    static func trim() { _ = function?(0) }
-}

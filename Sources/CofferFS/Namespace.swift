@@ -270,54 +270,61 @@ extension CofferFileSystem {
 
     // MARK: Directories
 
+    /// Nothing to open: a listing resumes from its cookie alone (`DirectoryCookie`).
     public func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID {
         try locked { () throws(FSError) -> HandleID in
             _ = try directory(ino)
-            let list: [DirectoryEntryRecord]
-            do {
-                list = try store.entries(parent: ino) { error in _ = self.fsError(error, "listing directory \(ino)") }
-            } catch { throw fsError(error) }
-            let h = newHandle()
-            directories[h] = list
-            return h
+            return .none
         }
     }
 
+    /// ".", "..", then the entries in tag order after the one `offset` names. Entries added or removed
+    /// meanwhile may or may not be listed, as POSIX allows; every other entry comes exactly once.
     public func readdir(_ ino: InodeNumber, handle: HandleID, offset: Int64, limit: Int, plus: Bool) throws(FSError) -> [DirectoryEntry] {
         try locked { () throws(FSError) -> [DirectoryEntry] in
-            guard let list = directories[handle] else { throw .badHandle }
-            var out: [DirectoryEntry] = []
-            var index = max(0, Int(offset))
+            _ = try directory(ino)
+            guard offset >= 0 else { throw .invalid }
             let dirType = UInt32(S_IFDIR)
-            while out.count < limit && index < list.count + 2 {
-                let cookie = Int64(index + 1)
-                if index == 0 {
-                    out.append(DirectoryEntry(name: [UInt8(ascii: ".")], ino: ino, type: dirType, offset: cookie))
-                } else if index == 1 {
-                    out.append(DirectoryEntry(name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: EntityStore.rootInode, type: dirType, offset: cookie))
-                } else {
-                    let e = list[index - 2]
-                    var entry = DirectoryEntry(name: e.name, ino: e.ino, type: e.type, offset: cookie)
+            var out: [DirectoryEntry] = []
+            if offset < DirectoryCookie.afterDot {
+                out.append(DirectoryEntry(name: [UInt8(ascii: ".")], ino: ino, type: dirType, offset: DirectoryCookie.afterDot))
+            }
+            if offset < DirectoryCookie.afterDotDot && out.count < limit {
+                out.append(DirectoryEntry(name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: EntityStore.rootInode, type: dirType,
+                                          offset: DirectoryCookie.afterDotDot))
+            }
+            let resume = DirectoryCookie(offset)
+            var from = resume?.lowerBound ?? []
+            var cursor = ListingCursor(resume: resume)
+            page: while out.count < limit {
+                // The rows of the resumed prefix that were handed out already come first again.
+                let want = limit - out.count + (resume.map { Int($0.rank) + 1 } ?? 0)
+                let rows: [(tag: [UInt8], record: DirectoryEntryRecord?)]
+                do {
+                    rows = try store.entryPage(parent: ino, from: from, limit: want) { error in _ = self.fsError(error, "listing directory \(ino)") }
+                } catch { throw fsError(error) }
+                for (tag, record) in rows {
+                    guard out.count < limit else { break page }
+                    guard let here = cursor.advance(tag: tag) else { continue }
+                    guard let e = record else { continue }  // damaged: reported, left out
+                    var entry = DirectoryEntry(name: e.name, ino: e.ino, type: e.type, offset: here.value)
                     if plus {
                         // A damaged inode is left out of the listing (its lookup reports EIO).
-                        guard let s = try? state(e.ino) else { index += 1; continue }
+                        guard let s = try? state(e.ino) else { continue }
                         s.lookups += 1
                         s.location = (ino, e.name)
                         entry.attributes = attributes(s)
                     }
                     out.append(entry)
                 }
-                index += 1
+                guard rows.count == want, let tail = rows.last?.tag else { break }
+                from = tail + [0]  // strictly after the last row
             }
             return out
         }
     }
 
-    public func releasedir(_ ino: InodeNumber, handle: HandleID) {
-        let count = meta.withLock { directories.removeValue(forKey: handle)?.count ?? 0 }
-        // A big listing leaves many small freed blocks behind: give them back to the system.
-        if count > 10_000 { MemoryTrim.trim() }
-    }
+    public func releasedir(_ ino: InodeNumber, handle: HandleID) {}
 
     public func fsyncdir(_ ino: InodeNumber, handle: HandleID, dataOnly: Bool) throws(FSError) {
         try commit()

@@ -318,7 +318,7 @@ enum LowLevelOps {
         guard let ctx = context(req) else { fuse_reply_err(req, EIO); return }
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         // The kernel takes ENOSYS as "opens need no round trip" and sends no OPEN or RELEASE again
-        // (for directories it still sends OPENDIR). It checks permissions itself (default_permissions).
+        // (directories: see opendir). It checks permissions itself (default_permissions).
         if ctx.fs.opensWithoutHandles { fuse_reply_err(req, ENOSYS); return }
         do {
             if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_OPEN_KILL_SUIDGID (O_TRUNC)
@@ -422,6 +422,10 @@ enum LowLevelOps {
     static func opendir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         guard let ctx = context(req) else { fuse_reply_err(req, EIO); return }
         guard let fi else { fuse_reply_err(req, EINVAL); return }
+        // As for files: after ENOSYS the kernel sends no OPENDIR or RELEASEDIR again (two round trips
+        // per directory that `ls -R`, `find` and `rm -r` visit), readdir comes with handle 0, and the
+        // kernel may keep a listing in its cache until the directory changes (FOPEN_CACHE_DIR).
+        if ctx.fs.opensWithoutHandles { fuse_reply_err(req, ENOSYS); return }
         do {
             let handle = try ctx.fs.opendir(ino, caller: caller(req))
             fi.pointee.fh = handle

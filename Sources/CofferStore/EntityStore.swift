@@ -535,18 +535,33 @@ public final class EntityStore: @unchecked Sendable {
     /// All entries of a directory. A damaged entry is reported through `damaged` and skipped, so one
     /// bad entry does not hide its siblings.
     public func entries(parent: UInt64, damaged: (StoreError) -> Void = { _ in }) throws(StoreError) -> [DirectoryEntryRecord] {
+        try entryPage(parent: parent, from: [], limit: -1, damaged: damaged).compactMap(\.record)
+    }
+
+    /// Up to `limit` entries (-1: all) of a directory in tag order, from the first whose tag is at least `from` (a
+    /// prefix of a tag is enough): a listing that resumes from a position alone, with no open directory.
+    /// A damaged entry comes back with a nil record (and is reported through `damaged`), so that it
+    /// still holds its place in the order.
+    public func entryPage(parent: UInt64, from: [UInt8], limit: Int,
+                          damaged: (StoreError) -> Void = { _ in }) throws(StoreError) -> [(tag: [UInt8], record: DirectoryEntryRecord?)] {
         let ptag = parentTag(parent)
         let rows = try writer { db in
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT tag, value FROM dirents WHERE parent = ?"), arguments: [Data(ptag)])
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT tag, value FROM dirents WHERE parent = ? AND tag >= ? ORDER BY tag LIMIT ?"),
+                             arguments: [Data(ptag), Data(from), limit])
         }
-        var result: [DirectoryEntryRecord] = []
+        var result: [(tag: [UInt8], record: DirectoryEntryRecord?)] = []
         result.reserveCapacity(rows.count)
         for row in rows {
-            guard let tag = row[0] as Data?, let value = row[1] as Data? else { continue }
+            guard let tagData = row[0] as Data?, let value = row[1] as Data? else { continue }
+            let tag = [UInt8](tagData)
             do {
-                result.append(try sealer.open(DirectoryEntryTransformer(), [UInt8](value), id: ptag + [UInt8](tag), cipher: keys.metadata,
-                                              describe: "entry in directory \(parent)"))
-            } catch { damaged(error) }
+                let record = try sealer.open(DirectoryEntryTransformer(), [UInt8](value), id: ptag + tag, cipher: keys.metadata,
+                                             describe: "entry in directory \(parent)")
+                result.append((tag, record))
+            } catch {
+                damaged(error)
+                result.append((tag, nil))
+            }
         }
         return result
     }

@@ -174,9 +174,7 @@ struct NamespaceTests {
         #expect(try f.fs.getattr(d2).nlink == 2)
         #expect(try f.list(try f.ino("file", in: d1)) == ["child"])
         // Types in listings follow the exchange.
-        let h = try f.fs.opendir(d1, caller: caller)
-        let entries = try f.fs.readdir(d1, handle: h, offset: 0, limit: 10, plus: false)
-        f.fs.releasedir(d1, handle: h)
+        let entries = try f.fs.readdir(d1, handle: try f.fs.opendir(d1, caller: caller), offset: 0, limit: 10, plus: false)
         let fileEntry = entries.first { $0.name == b("file") }
         #expect(fileEntry?.type == UInt32(S_IFDIR))
         try f.remount()
@@ -224,43 +222,91 @@ struct NamespaceTests {
             f.fs.release(ino, handle: h)
             f.fs.forget(ino, lookups: 1)
         }
-        // Small pages: each name exactly once, "." and ".." first.
-        let h = try f.fs.opendir(d, caller: caller)
+        // Small pages: each name exactly once, "." and ".." first. No handle is needed.
         var seen: [String] = []
+        var cookies: [Int64] = []
         var offset: Int64 = 0
         var calls = 0
         while true {
-            let page = try f.fs.readdir(d, handle: h, offset: offset, limit: 7, plus: false)
+            let page = try f.fs.readdir(d, handle: .none, offset: offset, limit: 7, plus: false)
             if page.isEmpty { break }
             #expect(page.count <= 7)
-            // Cookies strictly increase.
-            #expect(page.first!.offset > offset)
-            let increasing = zip(page, page.dropFirst()).allSatisfy { $0.offset < $1.offset }
-            #expect(increasing)
             seen += page.map { String(decoding: $0.name, as: UTF8.self) }
+            cookies += page.map(\.offset)
             offset = page.last!.offset
             calls += 1
         }
         #expect(seen.prefix(2) == [".", ".."])
+        #expect(cookies.prefix(2) == [1, 2])
         let listed = Array(seen.dropFirst(2))
         #expect(listed.count == 3000)
         #expect(Set(listed) == Set(names))
+        #expect(Set(cookies).count == cookies.count && cookies.allSatisfy { $0 > 0 }, "cookies are distinct and positive")
         #expect(calls == (3002 + 6) / 7)
-        // Resuming from a cookie in the middle gives exactly the rest.
-        let mid = try f.fs.readdir(d, handle: h, offset: 1500, limit: 10_000, plus: false)
-        let midNames = mid.map { String(decoding: $0.name, as: UTF8.self) }
-        #expect(midNames == Array(seen[1500...]))
-        #expect(try f.fs.readdir(d, handle: h, offset: 3002, limit: 10, plus: false).isEmpty)
-        #expect(try f.fs.readdir(d, handle: h, offset: 1_000_000, limit: 10, plus: false).isEmpty)
-        f.fs.releasedir(d, handle: h)
-        expectError(FSError.badHandle) { _ = try f.fs.readdir(d, handle: h, offset: 0, limit: 1, plus: false) }
+        // Resuming from a cookie in the middle gives exactly the rest (telldir/seekdir); so does a handle.
+        let mid = try f.fs.readdir(d, handle: 12345, offset: cookies[1500], limit: 10_000, plus: false)
+        #expect(mid.map { String(decoding: $0.name, as: UTF8.self) } == Array(seen[1501...]))
+        #expect(try f.fs.readdir(d, handle: .none, offset: cookies.last!, limit: 10, plus: false).isEmpty)
+        expectError(FSError.invalid) { _ = try f.fs.readdir(d, handle: .none, offset: -1, limit: 10, plus: false) }
         expectError(FSError.notDirectory) { _ = try f.fs.opendir(try f.ino("entry-0001", in: d), caller: caller) }
-        // The snapshot a handle lists does not move under it when entries are added.
-        let h2 = try f.fs.opendir(d, caller: caller)
-        try f.file("late", in: d)
-        let all = try f.fs.readdir(d, handle: h2, offset: 0, limit: 10_000, plus: false)
-        f.fs.releasedir(d, handle: h2)
-        #expect(all.count == 3002)
+        expectError(FSError.notDirectory) { _ = try f.fs.readdir(try f.ino("entry-0001", in: d), handle: .none, offset: 0, limit: 1, plus: false) }
+    }
+
+    /// Without a snapshot, a listing sees changes made while it runs as POSIX allows: an entry removed
+    /// before it is reached is not listed, an added one may be, and every entry left alone comes exactly once.
+    @Test func readdirAcrossChanges() throws {
+        let f = try Fixture()
+        defer { f.cleanup() }
+        let d = try f.mkdir("changing")
+        let names = (0 ..< 600).map { "n\($0)" }
+        for n in names { try f.file(n, in: d) }
+        var seen: [String] = []
+        var offset: Int64 = 2
+        var removed: Set<String> = [], added: Set<String> = []
+        var round = 0
+        while true {
+            let page = try f.fs.readdir(d, handle: .none, offset: offset, limit: 50, plus: false)
+            guard let last = page.last else { break }
+            seen += page.map { String(decoding: $0.name, as: UTF8.self) }
+            offset = last.offset
+            // Between pages: remove ten entries not listed yet and two listed ones; add ten.
+            let unseen = names.filter { !seen.contains($0) && !removed.contains($0) }
+            for n in unseen.prefix(10) + seen.filter({ names.contains($0) && !removed.contains($0) }).prefix(2) {
+                try f.fs.unlink(parent: d, name: b(n)); removed.insert(n)
+            }
+            for i in 0 ..< 10 { let n = "new-\(round)-\(i)"; try f.file(n, in: d); added.insert(n) }
+            round += 1
+        }
+        let counts = Dictionary(seen.map { ($0, 1) }, uniquingKeysWith: +)
+        #expect(counts.values.allSatisfy { $0 == 1 }, "an entry listed twice")
+        let untouched = Set(names).subtracting(removed)
+        #expect(untouched.isSubset(of: Set(seen)), "entries left alone are missing")
+        let removedUnseen = removed.filter { n in !seen.contains(n) }
+        #expect(!removedUnseen.isEmpty && Set(seen).isDisjoint(with: removedUnseen))
+        #expect(Set(seen).isSubset(of: untouched.union(removed).union(added)))
+    }
+
+    /// Cookies name rows by tag prefix and rank; rows sharing a prefix resume at the right one.
+    @Test func listingCursorRanksSharedPrefixes() {
+        func tag(_ first: UInt8, _ last: UInt8) -> [UInt8] { [first, 0, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 0, count: 7) + [last] }
+        // Three rows share a prefix (they differ only past the first 54 bits), then one more.
+        let tags = [tag(1, 1), tag(1, 2), tag(1, 3), tag(2, 0)]
+        var cursor = ListingCursor(resume: nil)
+        let cookies = tags.map { cursor.advance(tag: $0) }
+        #expect(cookies.map { $0?.rank } == [0, 1, 2, 0])
+        #expect(Set(cookies.compactMap { $0?.value }).count == 4)
+        #expect(cookies.allSatisfy { ($0?.value ?? 0) > DirectoryCookie.afterDotDot })
+        // Resuming after the second row of the group skips the first two of its rows.
+        let resume = DirectoryCookie(cookies[1]!.value)
+        #expect(resume == cookies[1])
+        var again = ListingCursor(resume: resume)
+        #expect(tags.map { again.advance(tag: $0)?.value } == [nil, nil, cookies[2]!.value, cookies[3]!.value])
+        // The lower bound sorts before every row of the prefix and after every row before it.
+        let bound = cookies[1]!.lowerBound
+        #expect(bound.lexicographicallyPrecedes(tags[0]))
+        #expect(([0, 255] + [UInt8](repeating: 255, count: 14)).lexicographicallyPrecedes(bound))
+        #expect(DirectoryCookie(0) == nil && DirectoryCookie(1) == nil && DirectoryCookie(2) == nil)
+        #expect(DirectoryCookie(prefix: (1 << 54) - 1, rank: 255).value == (1 << 62) + 2, "the largest cookie fits an off_t")
     }
 
     @Test func readdirPlusCountsLookups() throws {

@@ -436,7 +436,7 @@ struct FUSEMountTests {
         }
     }
 
-    @Test("Opens without handles: OPEN answered ENOSYS once, then no OPEN or RELEASE; reads, writes and O_TRUNC work")
+    @Test("Opens without handles: OPEN and OPENDIR answered ENOSYS once, then none of them or their releases; reads, writes, O_TRUNC and listings work")
     func opensWithoutHandles() throws {
         let fs = MemoryFileSystem(opensWithoutHandles: true)
         try withMount(fs: fs) { m in
@@ -460,6 +460,17 @@ struct FUSEMountTests {
             #expect(fs.count("open") == 0, "the filesystem's open was never called")
             #expect(fs.count("release") == 1, "no RELEASE for handle-less opens")
             #expect(fs.count("read") >= 1)
+            // Directories too: listings (large ones in several READDIRs, and again after a change) come
+            // without OPENDIR or RELEASEDIR, each name once.
+            #expect(mkdir(m.path("d"), 0o755) == 0)
+            for i in 0 ..< 500 { try writeFile(m.path("d/entry-\(i)"), [UInt8(i & 0xFF)]) }
+            let names = try FileManager.default.contentsOfDirectory(atPath: m.path("d"))
+            #expect(names.count == 500 && Set(names) == Set((0 ..< 500).map { "entry-\($0)" }))
+            #expect(unlink(m.path("d/entry-7")) == 0)
+            #expect(try FileManager.default.contentsOfDirectory(atPath: m.path("d")).count == 499)
+            #expect(try FileManager.default.contentsOfDirectory(atPath: m.mountpoint).sorted() == ["d", "f"])
+            #expect(fs.count("readdir") + fs.count("readdirplus") >= 3)
+            #expect(fs.count("opendir") == 0 && fs.count("releasedir") == 0, "no OPENDIR or RELEASEDIR reached the filesystem")
         }
     }
 
