@@ -12,8 +12,8 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// then answers OPEN and OPENDIR with ENOSYS once, the kernel stops sending OPEN, RELEASE,
     /// OPENDIR and RELEASEDIR (two round trips fewer per open, as `cat` or `grep -r` do on every
     /// file, and per directory listed), and reads, writes and readdir carry `HandleID.none` (readdir
-    /// resumes from its offset alone). O_TRUNC then arrives as a setattr. From then on the kernel
-    /// sends no RELEASE after `create` either, so such a filesystem must hand out no handle there.
+    /// resumes from its offset alone). O_TRUNC then arrives as a setattr. The adapter answers CREATE
+    /// with ENOSYS too: the kernel then creates files with `mknod`, and `create` is not called.
     var opensWithoutHandles: Bool { get }
 
     func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes

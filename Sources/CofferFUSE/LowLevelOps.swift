@@ -341,6 +341,11 @@ enum LowLevelOps {
                        _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         guard let ctx = context(req) else { fuse_reply_err(req, EIO); return }
         guard let name = nameBytes(name), let fi else { fuse_reply_err(req, EINVAL); return }
+        // Without handles a CREATE buys nothing over MKNOD but its RELEASE, a round trip per new file (the
+        // kernel sends one after CREATE until an OPEN has been answered ENOSYS, and `tar -x` never opens).
+        // After ENOSYS here the kernel creates with MKNOD, sends OPEN once (answered ENOSYS) and no
+        // RELEASE; O_EXCL still holds (the kernel marks the file created before its fallback).
+        if ctx.fs.opensWithoutHandles { fuse_reply_err(req, ENOSYS); return }
         do {
             let (attributes, result) = try ctx.fs.create(parent: parent, name: name, mode: mode,
                                                          flags: effectiveFlags(ctx, fi.pointee.flags),

@@ -436,15 +436,20 @@ struct FUSEMountTests {
         }
     }
 
-    @Test("Opens without handles: OPEN and OPENDIR answered ENOSYS once, then none of them or their releases; reads, writes, O_TRUNC and listings work")
+    @Test("Opens without handles: OPEN, OPENDIR and CREATE answered ENOSYS once, then none of them or their releases; creates, reads, writes, O_TRUNC and listings work")
     func opensWithoutHandles() throws {
         let fs = MemoryFileSystem(opensWithoutHandles: true)
         try withMount(fs: fs) { m in
-            try writeFile(m.path("f"), Array("hello world".utf8))        // CREATE: a handle, released
-            #expect(fs.count("create") == 1)
-            // RELEASE is sent in the background after close.
-            for _ in 0..<200 where fs.count("release") == 0 { usleep(10_000) }
-            #expect(fs.count("release") == 1)
+            try writeFile(m.path("f"), Array("hello world".utf8))        // CREATE answered ENOSYS: MKNOD
+            #expect(fs.count("create") == 0 && fs.count("mknod") == 1)
+            // O_EXCL still holds on the MKNOD path.
+            let excl = Glibc.open(m.path("f"), O_WRONLY | O_CREAT | O_EXCL, 0o644)
+            #expect(excl == -1 && errno == EEXIST)
+            let fresh = Glibc.open(m.path("g"), O_WRONLY | O_CREAT | O_EXCL, 0o640)
+            #expect(fresh >= 0)
+            close(fresh)
+            #expect(statOf(m.path("g")).map { $0.st_mode } == UInt32(Glibc.S_IFREG) | 0o640)
+            #expect(unlink(m.path("g")) == 0)
             for _ in 0..<20 { #expect(try readFile(m.path("f")) == Array("hello world".utf8)) }
             // Reopened for writing, in place and at the end.
             let fd = open(m.path("f"), O_WRONLY)
@@ -458,7 +463,7 @@ struct FUSEMountTests {
             #expect(try readFile(m.path("f")).isEmpty)
             usleep(200_000)  // time for any (wrong) background RELEASE to arrive
             #expect(fs.count("open") == 0, "the filesystem's open was never called")
-            #expect(fs.count("release") == 1, "no RELEASE for handle-less opens")
+            #expect(fs.count("release") == 0, "no RELEASE for handle-less opens and creates")
             #expect(fs.count("read") >= 1)
             // Directories too: listings (large ones in several READDIRs, and again after a change) come
             // without OPENDIR or RELEASEDIR, each name once.
@@ -469,6 +474,7 @@ struct FUSEMountTests {
             #expect(unlink(m.path("d/entry-7")) == 0)
             #expect(try FileManager.default.contentsOfDirectory(atPath: m.path("d")).count == 499)
             #expect(try FileManager.default.contentsOfDirectory(atPath: m.mountpoint).sorted() == ["d", "f"])
+            #expect(fs.count("create") == 0 && fs.count("mknod") == 502)
             #expect(fs.count("readdir") + fs.count("readdirplus") >= 3)
             #expect(fs.count("opendir") == 0 && fs.count("releasedir") == 0, "no OPENDIR or RELEASEDIR reached the filesystem")
         }
