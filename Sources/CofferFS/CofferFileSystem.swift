@@ -3,6 +3,7 @@ import CofferStore
 import Foundation
 import Glibc
 import Logging
+import Synchronization
 
 /// POSIX filesystem semantics over the sealed entity store.
 ///
@@ -36,6 +37,15 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     let meta = Lock()
     var inodes: [InodeNumber: InodeState] = [:]
     var files: [HandleID: OpenFile] = [:]
+    /// Unlinked inodes the kernel and every handle are done with, whose rows are still in the store
+    /// (Reaping.swift). Under meta.
+    var dying: [InodeNumber: InodeState] = [:]
+    /// Forgets received so far: the reaper waits until they stop coming.
+    let forgetsSeen = Atomic<UInt64>(0)
+    /// Set by `startCommitter`: forgets leave the deletes to the committer thread's quiet moments.
+    var reapsWhenQuiet = false
+    /// The committer thread's last look at `forgetsSeen`.
+    var quietMark: UInt64 = 0
     var nextHandle: HandleID = 1
     private var rolledBack = false
     private var stopped = false
@@ -70,10 +80,13 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     }
 
     /// Starts the background group committer (the mount does; unit tests may commit by hand).
+    /// It also deletes the rows of removed files once the filesystem is quiet (`reapIfQuiet`).
     public func startCommitter() {
+        meta.withLock { reapsWhenQuiet = true }
         let thread = Thread { [weak self] in
             while let fs = self, !fs.meta.withLock({ fs.stopped }) {
-                Thread.sleep(forTimeInterval: 0.2)
+                Thread.sleep(forTimeInterval: fs.meta.withLock({ fs.dying.isEmpty }) ? 0.2 : 0.02)
+                fs.reapIfQuiet()
                 do { try fs.commitIfDue() } catch { fs.logger.error("group commit failed: \(error)") }
             }
         }
@@ -84,6 +97,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     public func shutdown() {
         meta.withLock { stopped = true }
+        reapAll()
         do { try commit() } catch { logger.error("final commit failed: \(error)") }
         store.close()
         meta.withLock { for s in inodes.values { s.wipeCipher() } }
@@ -269,6 +283,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// no handle holds; a file really held open (without a handle) only costs that wait.
     private func awaitForgetsOnAFullDisk() {
         guard !options.readOnly, store.isLowOnSpace() else { return }
+        reapAll()
         let deadline = ContinuousClock.now + .milliseconds(500)
         while ContinuousClock.now < deadline {
             let pending = meta.withLock { inodes.values.contains { $0.record.nlink == 0 && !$0.deleted && $0.opens == 0 } }
@@ -280,6 +295,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     private func commitLocked(durable: Bool) throws(FSError) {
         do {
             for s in inodes.values where s.dirty { try persist(s) }
+            // Not reaped yet: the record goes out with an orphan row, for the next mount to remove after a crash.
+            for s in dying.values where s.dirty { try persist(s) }
             try store.commit(durable: durable)
         } catch {
             let e = fsError(error)

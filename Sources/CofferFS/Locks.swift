@@ -24,6 +24,10 @@ final class Lock: @unchecked Sendable {
         pthread_mutex_lock(&mutex); defer { pthread_mutex_unlock(&mutex) }
         return try body()
     }
+    /// For code that holds the store's writer and needs the lock too: everywhere else the order is this
+    /// lock, then the writer, so such code may only try (and give up), never wait.
+    func tryLock() -> Bool { pthread_mutex_trylock(&mutex) == 0 }
+    func unlock() { pthread_mutex_unlock(&mutex) }
 }
 
 /// A fixed set of content locks shared by all inodes. Only one content lock is ever held at a time,

@@ -14,6 +14,7 @@ extension CofferFileSystem {
     }
 
     public func forget(_ ino: InodeNumber, lookups: UInt64) {
+        forgetsSeen.add(1, ordering: .relaxed)
         let removed = meta.withLock { () -> Bool in
             guard let s = inodes[ino] else { return false }
             s.lookups = s.lookups > lookups ? s.lookups - lookups : 0
@@ -21,11 +22,19 @@ extension CofferFileSystem {
                 release(ifUnused: s)
                 return false
             }
+            if s.record.nlink == 0 && !s.deleted && reapsWhenQuiet && dying.count < Self.maxDying && !store.isLowOnSpace() {
+                // `rm` goes on at once; the file's rows go when the filesystem is quiet (reapIfQuiet).
+                s.tail = nil
+                s.wipeCipher()
+                inodes[ino] = nil
+                dying[ino] = s
+                return false
+            }
             // Removing an unlinked file is several statements: one visit to the writer.
             _ = try? store.batch { release(ifUnused: s) }
             return s.deleted
         }
-        // `rm` frees space here, at the forget: on a full disk the deletes commit in pieces
+        // Short of space, `rm` frees it here, at the forget: the deletes commit in pieces
         // (EntityStore.isCommitDue) before new writes need the room. A failure is the next
         // writer's to see.
         if removed { try? commitIfDue() }

@@ -710,3 +710,72 @@ struct KilledOnAFullDiskTests {
         #expect(sb.unmount().ok)
     }
 }
+
+/// `rm -rf` returns before the removed files' rows are deleted: that happens in the background, when the
+/// mount is quiet. Whether the daemon is unmounted or killed meanwhile, no row of a removed file stays
+/// behind and fsck finds nothing.
+@Suite("Removed files: rows deleted in the background",
+       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+       .enabled(if: E2E.python != nil, "python3 counts the store's rows"))
+struct BackgroundDeletionTests {
+    /// Rows per table of the container's store (read with python3's sqlite3, the daemon stopped).
+    static func rowCounts(_ container: String) -> [String: Int] {
+        let r = E2E.py("""
+            import sqlite3, sys
+            db = sqlite3.connect(sys.argv[1] + '/store.db')
+            for t in ['inodes', 'dirents', 'chunks', 'chunkmaps', 'xattrs', 'orphans']:
+                print(t, db.execute('SELECT count(*) FROM ' + t).fetchone()[0])
+            """, [container])
+        return Dictionary(uniqueKeysWithValues: r.stdout.split(separator: "\n").compactMap { line in
+            let p = line.split(separator: " ")
+            return p.count == 2 ? (String(p[0]), Int(p[1]) ?? -1) : nil
+        })
+    }
+
+    func makeTree(_ sb: Sandbox) throws {
+        for d in 0 ..< 8 {
+            try FileManager.default.createDirectory(atPath: sb.mnt + "/tree/d\(d)", withIntermediateDirectories: true)
+            for i in 0 ..< 50 { try E2E.write(sb.mnt + "/tree/d\(d)/f\(i)", E2E.randomBytes(1000 + i * 700)) }
+        }
+        try E2E.write(sb.mnt + "/keep", "kept")
+        #expect(E2E.sh("sync '\(sb.mnt)/keep'").ok)
+    }
+
+    @Test func rmRfThenUnmountLeavesNoRows() throws {
+        let sb = try Sandbox("bgdelete")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try makeTree(sb)
+        try sb.remount()
+        let before = Self.rowCounts(sb.container)
+        #expect((before["chunks"] ?? 0) >= 400, "\(before)")
+        #expect(E2E.sh("rm -rf '\(sb.mnt)/tree'").ok)
+        #expect(sb.unmount().ok)
+        let after = Self.rowCounts(sb.container)
+        #expect(after == ["inodes": 2, "dirents": 1, "chunks": 1, "chunkmaps": 0, "xattrs": 0, "orphans": 0], "rows left: \(after)")
+        let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile], timeout: 120)
+        #expect(fsck.ok, "\(fsck)")
+    }
+
+    @Test func rmRfThenSIGKILLLeavesNoRowsAfterTheNextMount() throws {
+        let sb = try Sandbox("bgkill")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try makeTree(sb)
+        #expect(E2E.sh("rm -rf '\(sb.mnt)/tree' && sync '\(sb.mnt)'").ok)  // the removal is durable
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        try #require(E2E.cmdline(pid).contains(sb.container), "lock pid is not our daemon")
+        #expect(kill(pid, SIGKILL) == 0)
+        #expect(E2E.wait(10) { !E2E.isAlive(pid) })
+        #expect(E2E.run("/bin/fusermount3", ["-uz", sb.mnt]).ok)
+        let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile], timeout: 120)
+        #expect(fsck.ok, "fsck after the kill: \(fsck)")
+        // The next mount removes what the killed daemon had not.
+        try #require(sb.mount().ok)
+        #expect(E2E.readText(sb.mnt + "/keep") == "kept")
+        #expect(E2E.lstatOf(sb.mnt + "/tree") == nil, "the removed tree came back")
+        #expect(sb.unmount().ok)
+        let after = Self.rowCounts(sb.container)
+        #expect(after == ["inodes": 2, "dirents": 1, "chunks": 1, "chunkmaps": 0, "xattrs": 0, "orphans": 0], "rows left: \(after)")
+    }
+}

@@ -89,6 +89,72 @@ struct LifecycleTests {
         #expect(try f.store.orphans().isEmpty)
     }
 
+    /// Under the committer, a forget leaves a removed file's rows to quiet moments; until they are
+    /// gone, commits write the inode with an orphan row, so a crash in between loses nothing and leaks nothing.
+    @Test func removedFilesAreReapedWhenQuiet() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }  // what startCommitter sets
+        let keep = try f.file("keep", b("keep me"))
+        var doomed: [(ino: InodeNumber, cid: UInt64)] = []
+        for i in 0 ..< 20 {
+            let ino = try f.file("doomed-\(i)", [UInt8](repeating: UInt8(i), count: 9000))
+            try f.fs.setxattr(ino, name: b("user.x"), value: b("y"), flags: 0)
+            doomed.append((ino, try #require(f.contentId(ino))))
+        }
+        try f.fs.commit()
+        for (i, d) in doomed.enumerated() {
+            try f.fs.unlink(parent: root, name: b("doomed-\(i)"))
+            f.fs.forget(d.ino, lookups: 1)
+        }
+        // The forgets returned without deleting: the rows wait, and no lookup finds the names.
+        #expect(f.fs.meta.withLock { f.fs.dying.count } == 20)
+        #expect(try f.store.chunkIndices(file: doomed[0].cid).count == 3)
+        #expect(try f.list() == ["keep"])
+        // A commit now writes them as orphans.
+        try f.fs.commit()
+        #expect(Set(try f.store.orphans()) == Set(doomed.map(\.ino)))
+        // Forgets still coming: no reaping; after a quiet interval, everything goes.
+        f.fs.reapIfQuiet()
+        #expect(f.fs.meta.withLock { f.fs.dying.count } == 20, "a forget came since the last look")
+        f.fs.reapIfQuiet()
+        #expect(f.fs.meta.withLock { f.fs.dying.isEmpty })
+        try f.fs.commit()
+        for d in doomed {
+            #expect(try f.store.inode(d.ino) == nil)
+            #expect(try f.store.chunkIndices(file: d.cid).isEmpty)
+            #expect(try f.store.xattrs(d.ino).isEmpty)
+        }
+        #expect(try f.store.orphans().isEmpty)
+        #expect(try f.contents(keep) == b("keep me"))
+    }
+
+    @Test func aCrashBeforeReapingLeavesOrphansTheNextMountRemoves() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }
+        let ino = try f.file("doomed", [UInt8](repeating: 7, count: 9000))
+        let cid = try #require(f.contentId(ino))
+        try f.fs.commit()
+        try f.fs.unlink(parent: root, name: b("doomed"))
+        f.fs.forget(ino, lookups: 1)
+        try f.crashAndRemount()  // commits first: the dying inode goes out as an orphan
+        #expect(try f.store.inode(ino) == nil, "the orphan is removed at mount")
+        #expect(try f.store.chunkIndices(file: cid).isEmpty)
+        #expect(try f.store.orphans().isEmpty)
+        #expect(try f.list().isEmpty)
+        // And at a clean unmount every dying inode is reaped before the last commit.
+        f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }
+        let other = try f.file("other", [UInt8](repeating: 8, count: 9000))
+        let otherCid = try #require(f.contentId(other))
+        try f.fs.unlink(parent: root, name: b("other"))
+        f.fs.forget(other, lookups: 1)
+        try f.remount()
+        #expect(try f.store.inode(other) == nil)
+        #expect(try f.store.chunkIndices(file: otherCid).isEmpty)
+        #expect(try f.store.orphans().isEmpty)
+    }
+
     @Test func orphanOfACrashIsRemovedAtTheNextMount() throws {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }

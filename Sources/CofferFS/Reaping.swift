@@ -1,0 +1,59 @@
+import CofferStore
+import Glibc
+
+/// The background half of `rm`: deleting a removed file's rows (its chunks, map pages, xattrs and
+/// inode) costs more than the unlink itself (SQLite walks each chunk's overflow pages), and at the
+/// forget it made `rm -rf` wait. Under the committer (a mount), a forget moves a removed inode to
+/// `dying`; the committer thread deletes the rows once no forget came for a moment, a piece at a time.
+///
+/// Crash safety: until its rows are gone a dying inode is written by every group commit with an
+/// orphan row (`commitLocked`), so a crash leaves an orphan that the next mount removes. A piece
+/// enters the store's writer before it takes its inodes off `dying`, so no commit falls between.
+/// On a disk short of space, forgets delete at once as before, and commits reap everything first.
+extension CofferFileSystem {
+    /// Beyond this many dying inodes, forgets delete at once (memory stays bounded).
+    static let maxDying = 65_536
+
+    /// Deletes the rows of up to `limit` dying inodes in one visit to the writer. Returns how many;
+    /// 0 also when `meta` was busy (it is only tried: everywhere else `meta` comes before the writer).
+    @discardableResult
+    func reapSome(_ limit: Int = 64) -> Int {
+        var victims: [InodeState] = []
+        do {
+            try store.batch { () throws -> Void in
+                guard meta.tryLock() else { return }
+                victims = Array(dying.values.prefix(limit))
+                for s in victims { dying[s.ino] = nil }
+                meta.unlock()
+                for s in victims { try destroy(s) }
+            }
+        } catch {
+            // Back to dying, marked for the next commit's orphan row; the deletes are tried again.
+            meta.withLock {
+                for s in victims where !s.deleted { s.dirty = true; dying[s.ino] = s }
+            }
+            logger.error("deleting removed files failed: \(error)")
+            return 0
+        }
+        return victims.count
+    }
+
+    /// Called by the committer thread: reaps piece by piece while no forget arrives, so a running
+    /// `rm -rf` is not slowed down by the deletes of the files it already removed.
+    func reapIfQuiet() {
+        let seen = forgetsSeen.load(ordering: .relaxed)
+        defer { quietMark = seen }
+        guard seen == quietMark else { return }
+        while forgetsSeen.load(ordering: .relaxed) == seen, reapSome() > 0 {
+            do { try commitIfDue() } catch { logger.error("group commit failed: \(error)") }
+        }
+    }
+
+    /// Reaps every dying inode (unmount, and before a commit on a disk short of space).
+    func reapAll() {
+        for _ in 0 ..< 100_000 {
+            guard !meta.withLock({ dying.isEmpty }) else { return }
+            if reapSome(256) == 0 { usleep(1_000) }
+        }
+    }
+}
