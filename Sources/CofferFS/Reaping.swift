@@ -18,6 +18,7 @@ extension CofferFileSystem {
     /// 0 also when `meta` was busy (it is only tried: everywhere else `meta` comes before the writer).
     @discardableResult
     func reapSome(_ limit: Int = 64) -> Int {
+        guard !meta.withLock({ dying.isEmpty }) else { return 0 }
         var victims: [InodeState] = []
         do {
             try store.batch { () throws -> Void in
