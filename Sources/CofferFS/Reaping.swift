@@ -15,7 +15,8 @@ extension CofferFileSystem {
     static let maxDying = 65_536
 
     /// Deletes the rows of up to `limit` dying inodes in one visit to the writer. Returns how many;
-    /// 0 also when `meta` was busy (it is only tried: everywhere else `meta` comes before the writer).
+    /// 0 also when `meta` was busy (it is only tried: everywhere else `meta` comes before the writer);
+    /// -1 when the store failed (the inodes stay dying, and go out with orphan rows).
     @discardableResult
     func reapSome(_ limit: Int = 64) -> Int {
         guard !meta.withLock({ dying.isEmpty }) else { return 0 }
@@ -29,12 +30,14 @@ extension CofferFileSystem {
                 for s in victims { try destroy(s) }
             }
         } catch {
-            // Back to dying, marked for the next commit's orphan row; the deletes are tried again.
+            // All back to dying, marked for the next commit's orphan row, and deleted again later (deletes
+            // repeat harmlessly): a failed statement may have dropped the whole transaction, pieces done
+            // before it included.
             meta.withLock {
-                for s in victims where !s.deleted { s.dirty = true; dying[s.ino] = s }
+                for s in victims { s.deleted = false; s.dirty = true; dying[s.ino] = s }
             }
             logger.error("deleting removed files failed: \(error)")
-            return 0
+            return -1
         }
         return victims.count
     }
@@ -50,11 +53,17 @@ extension CofferFileSystem {
         }
     }
 
-    /// Reaps every dying inode (unmount, and before a commit on a disk short of space).
+    /// Reaps every dying inode (unmount, and before a commit on a disk short of space). Gives up on a
+    /// store failure, or when `meta` stays busy for about 0.2 s: what is left goes out as orphans.
     func reapAll() {
-        for _ in 0 ..< 100_000 {
-            guard !meta.withLock({ dying.isEmpty }) else { return }
-            if reapSome(256) == 0 { usleep(1_000) }
+        var busy = 0
+        while busy < 200 {
+            let n = reapSome(256)
+            if n < 0 { return }
+            if n > 0 { busy = 0; continue }
+            if meta.withLock({ dying.isEmpty }) { return }
+            busy += 1
+            usleep(1_000)
         }
     }
 }
