@@ -198,6 +198,16 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 s.deleted = true; s.dirty = false; s.record.nlink = 0
             }
         }
+        // A dying inode whose unlink was lost is a file again (its entry is back: the kernel finds it
+        // anew); one the store holds without links (an orphan) stays dying; one created in the lost
+        // transaction is gone.
+        for (ino, s) in dying {
+            if let r = try? store.inode(ino), r.nlink == 0 {
+                s.record = r; s.dirty = false; s.deleted = false; s.orphaned = true
+            } else {
+                dying[ino] = nil
+            }
+        }
     }
 
     /// Writes a changed record now (inside the open group transaction). A record without links

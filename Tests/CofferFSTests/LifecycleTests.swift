@@ -155,6 +155,33 @@ struct LifecycleTests {
         #expect(try f.store.orphans().isEmpty)
     }
 
+    /// A dropped transaction (a full disk) takes an uncommitted unlink with it: the dying inode is a file
+    /// again and must not be reaped; one unlinked in a commit before stays dying.
+    @Test func aDroppedTransactionGivesBackADyingFile() throws {
+        let f = try Fixture(chunkSize: 4096)
+        defer { f.cleanup() }
+        f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }
+        let kept = try f.file("kept", [UInt8](repeating: 1, count: 9000))
+        let gone = try f.file("gone", [UInt8](repeating: 2, count: 9000))
+        try f.fs.commit()
+        try f.fs.unlink(parent: root, name: b("gone"))
+        f.fs.forget(gone, lookups: 1)
+        try f.fs.commit()                      // "gone" is committed as an orphan
+        try f.fs.unlink(parent: root, name: b("kept"))
+        f.fs.forget(kept, lookups: 1)
+        #expect(f.fs.meta.withLock { f.fs.dying.count } == 2)
+        // The store drops the open transaction, as on SQLITE_FULL.
+        try f.store.writer { db in try db.execute(sql: "ROLLBACK") }
+        f.store.onRollback?()
+        #expect(try f.list() == ["kept"], "the lost unlink's entry is back")
+        #expect(f.fs.meta.withLock { f.fs.dying.keys.sorted() } == [gone])
+        f.fs.reapAll()
+        try f.fs.commit()
+        #expect(try f.contents(try f.ino("kept")) == [UInt8](repeating: 1, count: 9000))
+        #expect(try f.store.inode(gone) == nil)
+        #expect(try f.store.orphans().isEmpty)
+    }
+
     @Test func orphanOfACrashIsRemovedAtTheNextMount() throws {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
