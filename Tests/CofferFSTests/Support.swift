@@ -119,5 +119,15 @@ final class Fixture {
         return out.filter { $0 != "." && $0 != ".." }
     }
 
+    /// What the store still holds of a removed file (inode, chunks, xattrs, orphan row): empty once it is gone.
+    func leftovers(_ ino: InodeNumber, content cid: UInt64) throws -> [String] {
+        var left: [String] = []
+        if try store.inode(ino) != nil { left.append("inode") }
+        if try !store.chunkIndices(file: cid).isEmpty { left.append("chunks") }
+        if try !store.xattrs(ino).isEmpty { left.append("xattrs") }
+        if try store.orphans().contains(ino) { left.append("orphan row") }
+        return left
+    }
+
     func contentId(_ ino: InodeNumber) -> UInt64? { fs.inodes[ino]?.record.contentId ?? (try? store.inode(ino))?.contentId }
 }
