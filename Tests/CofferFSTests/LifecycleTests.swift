@@ -124,21 +124,12 @@ struct LifecycleTests {
     @Test func aCrashBeforeReapingLeavesOrphansTheNextMountRemoves() throws {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
-        f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }
-        let ino = try f.file("doomed", [UInt8](repeating: 7, count: 9000))
-        let cid = try #require(f.contentId(ino))
-        try f.fs.commit()
-        try f.fs.unlink(parent: root, name: b("doomed"))
-        f.fs.forget(ino, lookups: 1)
+        let (ino, cid) = try f.dyingFile("doomed")
         try f.crashAndRemount()  // commits first: the dying inode goes out as an orphan
         #expect(try f.leftovers(ino, content: cid).isEmpty, "the orphan is removed at mount")
         #expect(try f.list().isEmpty)
         // And at a clean unmount every dying inode is reaped before the last commit.
-        f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }
-        let other = try f.file("other", [UInt8](repeating: 8, count: 9000))
-        let otherCid = try #require(f.contentId(other))
-        try f.fs.unlink(parent: root, name: b("other"))
-        f.fs.forget(other, lookups: 1)
+        let (other, otherCid) = try f.dyingFile("other")
         try f.remount()
         #expect(try f.leftovers(other, content: otherCid).isEmpty)
     }
@@ -148,12 +139,7 @@ struct LifecycleTests {
     @Test func aFailedReapKeepsItsInodesForLater() throws {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
-        f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }
-        let ino = try f.file("doomed", [UInt8](repeating: 3, count: 9000))
-        let cid = try #require(f.contentId(ino))
-        try f.fs.commit()
-        try f.fs.unlink(parent: root, name: b("doomed"))
-        f.fs.forget(ino, lookups: 1)
+        let (ino, cid) = try f.dyingFile("doomed")
         try f.store.writer { db in
             try db.execute(sql: "CREATE TEMP TRIGGER no_delete BEFORE DELETE ON inodes BEGIN SELECT RAISE(FAIL, 'injected'); END")
         }
@@ -314,5 +300,20 @@ struct LifecycleTests {
         try fs.fsync(file, handle: nil, dataOnly: false)   // a no-op, not an error
         try f.remount()
         #expect(try f.contents(file) == b("data"))
+    }
+}
+
+extension Fixture {
+    /// A committed 9,000-byte file, then unlinked and forgotten under the committer's policy: dying, its
+    /// rows (inode, three chunks) still in the store.
+    func dyingFile(_ name: String) throws -> (ino: InodeNumber, cid: UInt64) {
+        fs.meta.withLock { fs.reapsWhenQuiet = true }  // what startCommitter sets
+        let ino = try file(name, [UInt8](repeating: 7, count: 9000))
+        let cid = try #require(contentId(ino))
+        try fs.commit()
+        try fs.unlink(parent: root, name: b(name))
+        fs.forget(ino, lookups: 1)
+        #expect(fs.meta.withLock { fs.dying[ino] != nil })
+        return (ino, cid)
     }
 }
