@@ -222,6 +222,7 @@ public final class FUSEMount: @unchecked Sendable {
                 throw FUSEMountError.loopFailed(errno: ENOMEM)
             }
             fuse_loop_cfg_set_clone_fd(config, 0)
+            fuse_loop_cfg_set_max_threads(config, max(1, options.maxThreads))
             result = fuse_session_loop_mt(se, config)
             fuse_loop_cfg_destroy(config)
         }

@@ -14,6 +14,13 @@ public struct FUSEMountOptions: Sendable {
     public var debug = false
     public var autoUnmount = false
     public var singleThreaded = false
+    /// Most worker threads of the multi-threaded loop (libfuse's `max_threads`). libfuse's default, 10, hands
+    /// each request of a serial workload to the thread that waited longest, and with more threads than cores
+    /// that costs context switches: `tar -x` ran about 6 % faster with one thread more than cores than with 10
+    /// on a 2-core machine (docs/MEASUREMENTS.md). One thread more than cores keeps the cores busy when a
+    /// request waits for a lock.
+    public var maxThreads: UInt32 = FUSEMountOptions.defaultMaxThreads
+    public static let defaultMaxThreads = UInt32(max(1, min(sysconf(Int32(_SC_NPROCESSORS_ONLN)), 255)) + 1)
     /// Requests FUSE_CAP_WRITEBACK_CACHE in init.
     public var writebackCache = false
     /// Negotiates FUSE_HANDLE_KILLPRIV_V2 through a /dev/fuse hook (`KillPrivHook`): the kernel then stops asking

@@ -16,6 +16,7 @@ struct MountOptionSet {
     /// `no_writeback_cache` turns it off.
     var writebackCache = true
     var singleThreaded = false
+    var maxThreads: UInt32?
     var allowRollback = false
     var passthrough: [String] = []
 
@@ -43,12 +44,17 @@ struct MountOptionSet {
             case ("writeback_cache", nil): writebackCache = true
             case ("no_writeback_cache", nil): writebackCache = false
             case ("single_thread", nil): singleThreaded = true
+            case ("max_threads", let v?):
+                guard let n = UInt32(v), (1 ... 256).contains(n) else {
+                    throw CLIFailure(message: "mount option max_threads=\(v): expected a number of threads from 1 to 256", code: 64)
+                }
+                maxThreads = n
             case ("allow_rollback", nil): allowRollback = true
             case (let k, nil) where Self.passthroughFlags.contains(k): passthrough.append(k)
             case (let k, _) where Self.ignored.contains(k) || k.hasPrefix("x-") || k.hasPrefix("comment="): continue
             case (let k, _?) where Self.passthroughValued.contains(k): passthrough.append(raw)
             default:
-                throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: passfile=, extpass=, keyfile=, ro, allow_other, default_permissions, debug, auto_unmount, nonempty, plain_symlinks, writeback_cache, no_writeback_cache, allow_rollback, noatime, nodev, nosuid, noexec, ...)", code: 64)
+                throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: passfile=, extpass=, keyfile=, ro, allow_other, default_permissions, debug, auto_unmount, nonempty, plain_symlinks, writeback_cache, no_writeback_cache, allow_rollback, max_threads=, noatime, nodev, nosuid, noexec, ...)", code: 64)
             }
         }
     }
@@ -75,6 +81,7 @@ struct MountOptionSet {
         o.debug = debug
         o.autoUnmount = autoUnmount
         o.singleThreaded = singleThreaded
+        if let maxThreads { o.maxThreads = maxThreads }
         o.writebackCache = writebackCache
         o.passthrough = passthrough + (nonempty ? ["nonempty"] : [])
         return o

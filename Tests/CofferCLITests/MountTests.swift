@@ -178,6 +178,23 @@ struct MountTests {
         #expect(E2E.wait(5) { cofferProcesses(serving: sb.container).isEmpty })
     }
 
+    @Test func maxThreadsIsCheckedAndApplies() throws {
+        let sb = try Sandbox("maxthreads")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        for bad in ["max_threads=0", "max_threads=lots", "max_threads=100000"] {
+            let r = sb.mount(options: bad)
+            #expect(r.status == 64, "\(bad): \(r)")
+            #expect(r.stderr.contains(bad), "\(r)")
+            #expect(!E2E.isMounted(sb.mnt))
+        }
+        // One worker thread still serves several writers at once.
+        try #require(sb.mount(options: "max_threads=1").ok)
+        let writers = E2E.run("/bin/sh", ["-c", "for i in 1 2 3 4; do (head -c 300000 /dev/urandom > \"$1/f$i\"; cp \"$1/f$i\" \"$1/g$i\") & done; wait; for i in 1 2 3 4; do cmp \"$1/f$i\" \"$1/g$i\" || exit 1; done", "sh", sb.mnt])
+        #expect(writers.ok, "\(writers)")
+        #expect(sb.unmount().ok)
+    }
+
     @Test func unmountOfSomethingElseIsRefused() throws {
         let sb = try Sandbox("unmountnot")
         defer { sb.cleanup() }

@@ -523,6 +523,23 @@ struct FUSEMountTests {
         }
     }
 
+    @Test("max_threads bounds the requests served at once; the default is one thread more than cores",
+          arguments: [UInt32(1), 2, 4])
+    func maxThreadsBoundsConcurrency(limit: UInt32) throws {
+        #expect(FUSEMountOptions.defaultMaxThreads == UInt32(sysconf(Int32(_SC_NPROCESSORS_ONLN))) + 1)
+        let fs = MemoryFileSystem(statfsPauseMicroseconds: 200_000)
+        try withMount(fs: fs, configure: { $0.maxThreads = limit }) { m in
+            // Eight callers at once; the filesystem holds each statfs for 0.2 s.
+            let done = DispatchGroup()
+            for _ in 0 ..< 8 {
+                done.enter()
+                Thread { var st = statvfs(); _ = statvfs(m.mountpoint, &st); done.leave() }.start()
+            }
+            #expect(done.wait(timeout: .now() + 30) == .success, "statfs callers finished")
+            #expect(fs.statfsMostAtOnce == Int(limit), "served at once: \(fs.statfsMostAtOnce), max_threads \(limit)")
+        }
+    }
+
     @Test("read-only mount")
     func readOnly() throws {
         let fs = MemoryFileSystem()

@@ -26,6 +26,8 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
         var shutdownCount = 0
         var openFlags: [Int32] = []
         var largestWrite = 0
+        var statfsInFlight = 0
+        var statfsMostAtOnce = 0
     }
 
     let state = Mutex(State())
@@ -36,7 +38,12 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
                                           availableBlocks: 99_000, totalFiles: 1_000_000, freeFiles: 999_000,
                                           maxNameLength: 255)
 
-    init(readOnly: Bool = false, timeouts: CacheTimeouts = CacheTimeouts(), opensWithoutHandles: Bool = false) {
+    /// How long each statfs takes (to see how many requests are served at once).
+    let statfsPause: UInt32
+
+    init(readOnly: Bool = false, timeouts: CacheTimeouts = CacheTimeouts(), opensWithoutHandles: Bool = false,
+         statfsPauseMicroseconds: UInt32 = 0) {
+        self.statfsPause = statfsPauseMicroseconds
         self.isReadOnly = readOnly
         self.opensWithoutHandles = opensWithoutHandles
         self.cacheTimeouts = timeouts
@@ -53,6 +60,8 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     var shutdownCount: Int { state.withLock { $0.shutdownCount } }
     var openFlagsSeen: [Int32] { state.withLock { $0.openFlags } }
     var largestWrite: Int { state.withLock { $0.largestWrite } }
+    /// The most statfs calls that were being served at the same time.
+    var statfsMostAtOnce: Int { state.withLock { $0.statfsMostAtOnce } }
     func inode(of path: [String]) -> InodeNumber? {
         state.withLock { s in
             var ino: InodeNumber = 1
@@ -476,7 +485,13 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     }
 
     func statfs() throws(FSError) -> FileSystemStatistics {
-        state.withLock { Self.note(&$0, "statfs") }
+        state.withLock { s in
+            Self.note(&s, "statfs")
+            s.statfsInFlight += 1
+            s.statfsMostAtOnce = max(s.statfsMostAtOnce, s.statfsInFlight)
+        }
+        if statfsPause > 0 { usleep(statfsPause) }
+        state.withLock { $0.statfsInFlight -= 1 }
         return statistics
     }
 
