@@ -74,7 +74,6 @@ extension CofferFileSystem {
         try Self.validate(name: name)
         let dir = try directory(parent)
         guard dir.record.nlink > 0 else { throw .notFound }
-        guard try existingEntry(parent: parent, name: name) == nil else { throw .exists }
         let now = StoredTime.now()
         var mode = mode
         var gid = caller.gid
@@ -84,25 +83,40 @@ extension CofferFileSystem {
             if mode & UInt32(S_IFMT) == UInt32(S_IFDIR) { mode |= UInt32(S_ISGID) }
         }
         let isDir = mode & UInt32(S_IFMT) == UInt32(S_IFDIR)
-        let ino: InodeNumber
+        let ino = try freeInodeNumber()
         let contentId: UInt64
         do {
-            ino = try store.newInodeId()
             contentId = mode & UInt32(S_IFMT) == UInt32(S_IFREG) ? try EntityStore.newContentId() : 0
         } catch { throw fsError(error) }
         let record = InodeRecord(mode: mode, uid: caller.uid, gid: gid, nlink: isDir ? 2 : 1, size: size, rdev: rdev,
                                  atime: now, mtime: now, ctime: now, contentId: contentId, symlinkTarget: symlink)
-        let s = InodeState(ino: ino, record: record)
+        // The entry goes in at once (lookups read the store); the record is born dirty and goes out with the
+        // group commit, like the directory's new times, so a commit holds both or neither. A new file is
+        // usually changed again before that (tar sets its times, owner and mode): one record write, not two.
         do {
-            try store.putInode(ino, record)
-            try store.putEntry(parent: parent, DirectoryEntryRecord(name: name, ino: ino, type: mode & UInt32(S_IFMT)))
-        } catch { throw fsError(error) }
+            guard try store.addEntry(parent: parent, DirectoryEntryRecord(name: name, ino: ino, type: mode & UInt32(S_IFMT))) else {
+                throw FSError.exists
+            }
+        } catch { throw fsError(error, "an entry of directory \(parent)") }
+        let s = InodeState(ino: ino, record: record)
+        s.dirty = true
         if isDir { dir.record.nlink += 1 }
         dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
         s.lookups = 1
         s.location = (parent, name)
         inodes[ino] = s
         return s
+    }
+
+    /// An inode number neither the store nor memory uses: a new inode's record reaches the store only
+    /// at the next commit, so the store alone cannot tell. Call under meta.
+    private func freeInodeNumber() throws(FSError) -> InodeNumber {
+        for _ in 0 ..< 16 {
+            let ino: InodeNumber
+            do { ino = try store.newInodeId() } catch { throw fsError(error) }
+            if inodes[ino] == nil && dying[ino] == nil { return ino }
+        }
+        throw .io
     }
 
     public func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes {

@@ -525,6 +525,18 @@ public final class EntityStore: @unchecked Sendable {
         }
     }
 
+    /// Adds a new entry; false (and nothing changed) when the directory has one by that name already.
+    /// One statement instead of a lookup and a write: creating a file asks the store once.
+    public func addEntry(parent: UInt64, _ record: DirectoryEntryRecord) throws(StoreError) -> Bool {
+        let ptag = parentTag(parent), tag = nameTag(parent, record.name)
+        let sealed = try sealer.seal(DirectoryEntryTransformer(), record, id: ptag + tag, cipher: keys.metadata)
+        return try write(bytes: sealed.count) { db in
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO dirents(parent, tag, value) VALUES (?, ?, ?)")
+                .execute(arguments: [Data(ptag), Data(tag), Data(sealed)])
+            return db.changesCount == 1
+        }
+    }
+
     public func deleteEntry(parent: UInt64, name: [UInt8]) throws(StoreError) {
         let ptag = parentTag(parent), tag = nameTag(parent, name)
         try write { db in

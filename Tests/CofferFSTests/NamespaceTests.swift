@@ -45,6 +45,22 @@ struct NamespaceTests {
         #expect(Set(try f.list()) == ["b", "f"])
     }
 
+    @Test func aNewRecordGoesOutWithTheCommitThatCarriesItsEntry() throws {
+        let f = try Fixture()
+        defer { f.cleanup() }
+        let ino = try f.fs.mknod(parent: root, name: b("new"), mode: UInt32(S_IFREG) | 0o640, rdev: 0, caller: caller).ino
+        // The entry is in the store at once (lookups read it); the record goes out with the next commit.
+        #expect(try f.store.entry(parent: root, name: b("new"))?.ino == ino)
+        #expect(try f.store.inode(ino) == nil)
+        try f.crashAndRemount()
+        let attrs = try f.fs.lookup(parent: root, name: b("new"))
+        #expect(attrs.ino == ino && attrs.mode == UInt32(S_IFREG) | 0o640)
+        // A taken name is EEXIST and leaves the entry and the file as they were.
+        expectError(FSError.exists) { _ = try f.fs.mknod(parent: root, name: b("new"), mode: UInt32(S_IFREG) | 0o600, rdev: 0, caller: caller) }
+        #expect(try f.store.entry(parent: root, name: b("new"))?.ino == ino)
+        #expect(try f.fs.getattr(ino).mode == UInt32(S_IFREG) | 0o640)
+    }
+
     @Test func unlinkAndHardLinks() throws {
         let f = try Fixture()
         defer { f.cleanup() }
