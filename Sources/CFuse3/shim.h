@@ -12,4 +12,5 @@
 #include <sys/file.h>
 #include <fcntl.h>
 #include <errno.h>
+#include <sys/eventfd.h>
 #endif

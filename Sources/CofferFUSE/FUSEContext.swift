@@ -18,6 +18,8 @@ final class FUSEContext: @unchecked Sendable {
     let writebackGranted = Atomic<Bool>(false)
     /// The /dev/fuse hook that negotiates FUSE_HANDLE_KILLPRIV_V2 and reports its per-request marks.
     let killPriv: KillPrivHook
+    /// How the workers take requests from /dev/fuse (spin briefly, one reader at a time).
+    let reader = RequestReader()
     private let shutdownDone = Atomic<Bool>(false)
 
     init(fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,

@@ -61,16 +61,18 @@ final class KillPrivHook: Sendable {
         return key
     }()
 
-    private static func hook(_ userdata: UnsafeMutableRawPointer?) -> KillPrivHook? {
+    private static func context(_ userdata: UnsafeMutableRawPointer?) -> FUSEContext? {
         guard let userdata else { return nil }
-        return Unmanaged<FUSEContext>.fromOpaque(userdata).takeUnretainedValue().killPriv
+        return Unmanaged<FUSEContext>.fromOpaque(userdata).takeUnretainedValue()
     }
+
+    private static func hook(_ userdata: UnsafeMutableRawPointer?) -> KillPrivHook? { context(userdata)?.killPriv }
 
     // MARK: - Callbacks
 
     private static func read(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int,
                              _ userdata: UnsafeMutableRawPointer?) -> Int {
-        let n = Glibc.read(fd, buf, len)
+        let n = context(userdata)?.reader.read(fd, buf, len) ?? Glibc.read(fd, buf, len)
         guard n >= inHeaderSize, let buf else {
             let saved = errno  // libfuse reads errno after a failed read
             pthread_setspecific(threadKey, nil)

@@ -1,0 +1,114 @@
+import CFuse3  // sys/eventfd.h
+import Glibc
+import Synchronization
+
+/// How the worker threads take requests from /dev/fuse: one thread at a time reads, and it first spins
+/// on non-blocking reads for a moment before it sleeps.
+///
+/// A request from a serial client (`tar -x`, `ls -l`, `rm -r`: one system call after the other) wakes
+/// a sleeping worker, and on a virtual machine that wake-up and the context switches around it cost more
+/// than most requests themselves (docs/MEASUREMENTS.md: half the daemon's CPU time, and a third of the
+/// client's, were scheduler paths). A worker that is still spinning when the next request comes takes it
+/// without any wake-up: `tar -x` of the benchmark corpus ran in 7.1–7.3 s instead of 9.2–9.3 s.
+///
+/// Only the reader stays in the kernel's wait queue; the other workers park on an eventfd, so a request
+/// never wakes more than one thread. The reader hands its place on to a parked worker when its request
+/// found it asleep (the request may be long, and another may follow) or when more requests are already
+/// waiting (a parallel client); otherwise a parked worker looks again after `parkedLook` and takes over
+/// if the place is free. So a long request holds up others for at most that long, and an idle mount has
+/// no thread awake. With one processor there is no spinning: the spinner would only keep the client
+/// from running.
+final class RequestReader: Sendable {
+    /// How long the reader spins after its last request before it sleeps.
+    static let spin: Duration = .microseconds(50)
+    /// How often a parked worker looks whether the reader's place is free while the reader is busy.
+    static let parkedLook: Int32 = 1  // milliseconds
+
+    private enum Place: Int { case free = 0, spinning = 1, sleeping = 2 }
+
+    private let spinNanoseconds: Int64
+    /// Who reads now (`Place`).
+    private let place = Atomic<Int>(Place.free.rawValue)
+    /// Workers parked on `wake`.
+    private let parked = Atomic<Int>(0)
+    private let madeNonBlocking = Atomic<Bool>(false)
+    /// An eventfd (semaphore mode, non-blocking) that parked workers poll.
+    private let wake: Int32
+
+    init(spinning: Bool = sysconf(Int32(_SC_NPROCESSORS_ONLN)) > 1) {
+        let (seconds, attoseconds) = Self.spin.components
+        spinNanoseconds = spinning ? seconds * 1_000_000_000 + attoseconds / 1_000_000_000 : 0
+        wake = eventfd(0, Int32(EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC))
+    }
+
+    deinit { if wake >= 0 { close(wake) } }
+
+    /// One request into `buf`, as read(2) returns it. Blocks until one comes (or the device fails).
+    func read(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int) -> Int {
+        guard spinNanoseconds > 0, wake >= 0 else { return Glibc.read(fd, buf, len) }
+        if !madeNonBlocking.load(ordering: .relaxed) {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            madeNonBlocking.store(true, ordering: .relaxed)
+        }
+        while true {
+            if place.compareExchange(expected: Place.free.rawValue, desired: Place.spinning.rawValue,
+                                     ordering: .acquiringAndReleasing).exchanged {
+                let (n, error, slept) = take(fd, buf, len)
+                place.store(Place.free.rawValue, ordering: .releasing)
+                if parked.load(ordering: .acquiring) > 0 && (slept || n < 0 || Self.pending(fd)) { handOver() }
+                errno = error
+                return n
+            }
+            park()
+        }
+    }
+
+    /// Spins on non-blocking reads, then sleeps in poll(2) until a request comes. Returns read(2)'s result,
+    /// its errno, and whether the reader had gone to sleep.
+    private func take(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int) -> (Int, Int32, Bool) {
+        let deadline = Self.now() + spinNanoseconds
+        var slept = false
+        while true {
+            let n = Glibc.read(fd, buf, len)
+            if n >= 0 { return (n, 0, slept) }
+            let error = errno
+            guard error == EAGAIN else { return (n, error, slept) }
+            if !slept && Self.now() < deadline { continue }
+            if !slept {
+                slept = true
+                place.store(Place.sleeping.rawValue, ordering: .releasing)
+            }
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            if poll(&p, 1, -1) < 0 && errno == EINTR { return (-1, EINTR, slept) }
+        }
+    }
+
+    /// Waits until handed the place or, while the reader is busy, for `parkedLook`; idle, without a timeout.
+    private func park() {
+        parked.add(1, ordering: .acquiringAndReleasing)
+        defer { parked.subtract(1, ordering: .acquiringAndReleasing) }
+        let idle = place.load(ordering: .acquiring) == Place.sleeping.rawValue
+        var p = pollfd(fd: wake, events: Int16(POLLIN), revents: 0)
+        if poll(&p, 1, idle ? -1 : Self.parkedLook) > 0 {
+            var token: UInt64 = 0
+            _ = Glibc.read(wake, &token, 8)  // one token each (EFD_SEMAPHORE); EAGAIN if another took it
+        }
+    }
+
+    private func handOver() {
+        var one: UInt64 = 1
+        _ = Glibc.write(wake, &one, 8)
+    }
+
+    /// Whether another request is already waiting on the device.
+    private static func pending(_ fd: Int32) -> Bool {
+        var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        return poll(&p, 1, 0) > 0
+    }
+
+    private static func now() -> Int64 {
+        var t = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &t)
+        return Int64(t.tv_sec) * 1_000_000_000 + Int64(t.tv_nsec)
+    }
+}
