@@ -540,6 +540,39 @@ struct FUSEMountTests {
         }
     }
 
+    @Test("a long request does not hold up another caller's request (the reader hands its place on)")
+    func longRequestDoesNotHoldUpOthers() throws {
+        let fs = MemoryFileSystem(statfsPauseMicroseconds: 3_000_000)
+        try withMount(fs: fs) { m in
+            try writeFile(m.path("f"), [1])
+            let done = DispatchSemaphore(value: 0)
+            Thread { var st = statvfs(); _ = statvfs(m.mountpoint, &st); done.signal() }.start()
+            let deadline = ContinuousClock.now + .seconds(5)
+            while fs.count("statfs") == 0 && ContinuousClock.now < deadline { usleep(10_000) }
+            #expect(fs.count("statfs") == 1, "the slow statfs started")
+            // getxattr is never cached: it is a request, served while the statfs still runs.
+            let start = ContinuousClock.now
+            var value = [UInt8](repeating: 0, count: 8)
+            _ = getxattr(m.path("f"), "user.none", &value, value.count)
+            let took = ContinuousClock.now - start
+            #expect(took < .seconds(1), "getxattr waited \(took) behind a 3 s statfs")
+            #expect(done.wait(timeout: .now() + 10) == .success)
+        }
+    }
+
+    @Test("an idle mount uses no CPU (the reader sleeps once its spin is over)")
+    func idleMountSleeps() throws {
+        try withMount { m in
+            for i in 0 ..< 200 { try writeFile(m.path("f\(i % 10)"), [UInt8(i % 256)]) }
+            usleep(100_000)
+            func cpu() -> Double { var t = timespec(); clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); return Double(t.tv_sec) + Double(t.tv_nsec) / 1e9 }
+            let before = cpu()
+            sleep(1)
+            let used = cpu() - before
+            #expect(used < 0.05, "CPU seconds used by an idle mount in 1 s: \(used)")
+        }
+    }
+
     @Test("read-only mount")
     func readOnly() throws {
         let fs = MemoryFileSystem()
