@@ -2,27 +2,31 @@ import CFuse3  // sys/eventfd.h
 import Glibc
 import Synchronization
 
-/// How the worker threads take requests from /dev/fuse: one thread at a time reads, and it first spins
-/// on non-blocking reads for a moment before it sleeps.
+/// How the worker threads take requests from /dev/fuse: one thread at a time reads, and while requests
+/// come close together it spins on non-blocking reads for a moment before it sleeps.
 ///
-/// A request from a serial client (`tar -x`, `ls -l`, `rm -r`: one system call after the other) wakes
-/// a sleeping worker, and on a virtual machine that wake-up and the context switches around it cost more
-/// than most requests themselves (docs/MEASUREMENTS.md: half the daemon's CPU time, and a third of the
-/// client's, were scheduler paths). A worker that is still spinning when the next request comes takes it
-/// without any wake-up: `tar -x` of the benchmark corpus ran in 7.1–7.3 s instead of 9.2–9.3 s.
+/// A request from a serial client (`tar -x`: one system call after the other) wakes a sleeping worker,
+/// and on a virtual machine that wake-up and the context switches around it cost more than most requests
+/// themselves (docs/MEASUREMENTS.md: about half the daemon's CPU time, and half the client's, were
+/// scheduler paths). A worker that is still spinning when the next request comes takes it without any
+/// wake-up: `tar -x` of the benchmark corpus ran about 17 % faster.
 ///
-/// Only the reader stays in the kernel's wait queue; the other workers park on an eventfd, so a request
-/// never wakes more than one thread. The reader hands its place on to a parked worker when its request
-/// found it asleep (the request may be long, and another may follow) or when more requests are already
-/// waiting (a parallel client); otherwise a parked worker looks again after `parkedLook` and takes over
-/// if the place is free. So a long request holds up others for at most that long, and an idle mount has
-/// no thread awake. With one processor there is no spinning: the spinner would only keep the client
-/// from running.
+/// - Only the reader waits in the kernel's queue; the other workers park on an eventfd, so a request
+///   never wakes more than one thread.
+/// - The reader spins only while requests have been coming less than `spin` apart (a moving average of
+///   the gaps), and yields the processor on each turn: a client that reads many small files with work
+///   of its own in between (`find | xargs cat`) must not lose its processor to a spinner.
+/// - The reader hands its place on to a parked worker when more requests are already waiting (a
+///   parallel client). Otherwise a parked worker looks again after `busyLook` while the reader is busy,
+///   or `idleLook` while it sleeps, and takes the place if it is free: a long request holds up
+///   another caller's for at most that long (most long requests hold the filesystem's lock anyway),
+///   and an idle mount wakes a thread only a few times a second.
+/// - With one processor there is no spinning: the spinner would only keep the client from running.
 final class RequestReader: Sendable {
     /// How long the reader spins after its last request before it sleeps.
     static let spin: Duration = .microseconds(50)
-    /// How often a parked worker looks whether the reader's place is free while the reader is busy.
-    static let parkedLook: Int32 = 1  // milliseconds
+    /// How often a parked worker looks whether the reader's place is free (milliseconds).
+    static let busyLook: Int32 = 1, idleLook: Int32 = 100
 
     private enum Place: Int { case free = 0, spinning = 1, sleeping = 2 }
 
@@ -32,6 +36,8 @@ final class RequestReader: Sendable {
     /// Workers parked on `wake`.
     private let parked = Atomic<Int>(0)
     private let madeNonBlocking = Atomic<Bool>(false)
+    /// Moving average of the time from the reader's return to its next request (ns).
+    private let gap = Atomic<Int64>(0)
     /// An eventfd (semaphore mode, non-blocking) that parked workers poll.
     private let wake: Int32
 
@@ -53,9 +59,9 @@ final class RequestReader: Sendable {
         while true {
             if place.compareExchange(expected: Place.free.rawValue, desired: Place.spinning.rawValue,
                                      ordering: .acquiringAndReleasing).exchanged {
-                let (n, error, slept) = take(fd, buf, len)
+                let (n, error) = take(fd, buf, len)
                 place.store(Place.free.rawValue, ordering: .releasing)
-                if parked.load(ordering: .acquiring) > 0 && (slept || n < 0 || Self.pending(fd)) { handOver() }
+                if parked.load(ordering: .acquiring) > 0 && (n < 0 || Self.pending(fd)) { handOver() }
                 errno = error
                 return n
             }
@@ -63,33 +69,39 @@ final class RequestReader: Sendable {
         }
     }
 
-    /// Spins on non-blocking reads, then sleeps in poll(2) until a request comes. Returns read(2)'s result,
-    /// its errno, and whether the reader had gone to sleep.
-    private func take(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int) -> (Int, Int32, Bool) {
-        let deadline = Self.now() + spinNanoseconds
+    /// Spins on non-blocking reads (while requests come close together), then sleeps in poll(2) until a
+    /// request comes. Returns read(2)'s result and its errno.
+    private func take(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int) -> (Int, Int32) {
+        let start = Self.now()
+        let spinning = gap.load(ordering: .relaxed) < spinNanoseconds
         var slept = false
+        defer {
+            // Time to this request, counted as at most twice the spin: one idle spell must not stop spinning for long.
+            let took = min(Self.now() - start, 2 * spinNanoseconds)
+            gap.store((gap.load(ordering: .relaxed) * 7 + took) / 8, ordering: .relaxed)
+        }
         while true {
             let n = Glibc.read(fd, buf, len)
-            if n >= 0 { return (n, 0, slept) }
+            if n >= 0 { return (n, 0) }
             let error = errno
-            guard error == EAGAIN else { return (n, error, slept) }
-            if !slept && Self.now() < deadline { continue }
+            guard error == EAGAIN else { return (n, error) }
+            if spinning && !slept && Self.now() - start < spinNanoseconds { sched_yield(); continue }
             if !slept {
                 slept = true
                 place.store(Place.sleeping.rawValue, ordering: .releasing)
             }
             var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            if poll(&p, 1, -1) < 0 && errno == EINTR { return (-1, EINTR, slept) }
+            if poll(&p, 1, -1) < 0 && errno == EINTR { return (-1, EINTR) }
         }
     }
 
-    /// Waits until handed the place or, while the reader is busy, for `parkedLook`; idle, without a timeout.
+    /// Waits until handed the place, or for `busyLook` (`idleLook` while the reader sleeps).
     private func park() {
         parked.add(1, ordering: .acquiringAndReleasing)
         defer { parked.subtract(1, ordering: .acquiringAndReleasing) }
         let idle = place.load(ordering: .acquiring) == Place.sleeping.rawValue
         var p = pollfd(fd: wake, events: Int16(POLLIN), revents: 0)
-        if poll(&p, 1, idle ? -1 : Self.parkedLook) > 0 {
+        if poll(&p, 1, idle ? Self.idleLook : Self.busyLook) > 0 {
             var token: UInt64 = 0
             _ = Glibc.read(wake, &token, 8)  // one token each (EFD_SEMAPHORE); EAGAIN if another took it
         }
