@@ -16,11 +16,12 @@ import Synchronization
 /// - The reader spins only while requests have been coming less than `spin` apart (a moving average of
 ///   the gaps), and yields the processor on each turn: a client that reads many small files with work
 ///   of its own in between (`find | xargs cat`) must not lose its processor to a spinner.
-/// - The reader hands its place on to a parked worker when more requests are already waiting (a
-///   parallel client). Otherwise a parked worker looks again after `busyLook` while the reader is busy,
-///   or `idleLook` while it sleeps, and takes the place if it is free: a long request holds up
-///   another caller's for at most that long (most long requests hold the filesystem's lock anyway),
-///   and an idle mount wakes a thread only a few times a second.
+/// - A worker that finds the place taken still takes a request that is waiting, and a worker that takes
+///   one while more wait wakes a parked one: parallel clients keep every worker busy.
+/// - Otherwise a parked worker looks again after `busyLook` while the reader is busy, or `idleLook`
+///   while it sleeps, and takes the place if it is free: a long request holds up another caller's for
+///   at most that long (most long requests hold the filesystem's lock anyway), and an idle mount wakes
+///   a thread only a few times a second.
 /// - With one processor there is no spinning: the spinner would only keep the client from running.
 final class RequestReader: Sendable {
     /// How long the reader spins after its last request before it sleeps.
@@ -62,6 +63,15 @@ final class RequestReader: Sendable {
                 let (n, error) = take(fd, buf, len)
                 place.store(Place.free.rawValue, ordering: .releasing)
                 if parked.load(ordering: .acquiring) > 0 && (n < 0 || Self.pending(fd)) { handOver() }
+                errno = error
+                return n
+            }
+            // The place is taken: still take a request that is waiting (parallel clients keep every
+            // worker busy), and park only when there is none.
+            let n = Glibc.read(fd, buf, len)
+            let error = errno
+            if n >= 0 || error != EAGAIN {
+                if n >= 0 && parked.load(ordering: .acquiring) > 0 && Self.pending(fd) { handOver() }
                 errno = error
                 return n
             }
