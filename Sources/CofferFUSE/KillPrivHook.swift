@@ -12,9 +12,9 @@ import Synchronization
 /// OPEN/CREATE with O_TRUNC (`open_flags` FUSE_OPEN_KILL_SUIDGID, without CAP_FSETID).
 ///
 /// libfuse 3.14 passes none of these marks to the ops, so the hook, installed with `fuse_session_custom_io`:
-/// - `read` passes requests through, remembers the unique id of an INIT whose flags offer KILLPRIV_V2, and notes
-///   a request's kill mark for the thread that read it (libfuse processes a request on the thread that read it,
-///   in both loops and with clone_fd); the ops ask `requested(for:)`;
+/// - `read` takes requests through the context's `RequestReader`, remembers the unique id of an INIT whose flags
+///   offer KILLPRIV_V2, and notes a request's kill mark for the thread that read it (libfuse processes a request
+///   on the thread that read it, in both loops and with clone_fd); the ops ask `requested(for:)`;
 /// - `writev` passes replies through, ORing KILLPRIV_V2 into the reply to that INIT — unless libfuse enabled
 ///   splice reads, which bypass `read` (Coffer never does), so the marks could not be seen.
 final class KillPrivHook: Sendable {
