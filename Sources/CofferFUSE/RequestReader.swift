@@ -60,24 +60,21 @@ final class RequestReader: Sendable {
             madeNonBlocking.store(true, ordering: .relaxed)
         }
         while true {
+            let n: Int, error: Int32
             if place.compareExchange(expected: Place.free.rawValue, desired: Place.spinning.rawValue,
                                      ordering: .acquiringAndReleasing).exchanged {
-                let (n, error) = take(fd, buf, len)
+                (n, error) = take(fd, buf, len)
                 place.store(Place.free.rawValue, ordering: .releasing)
-                if parked.load(ordering: .acquiring) > 0 && (n < 0 || Self.isRead(buf, n) || Self.pending(fd)) { handOver() }
-                errno = error
-                return n
+            } else {
+                // The place is taken: still take a request that is waiting (parallel clients keep every
+                // worker busy), and park only when there is none.
+                n = Glibc.read(fd, buf, len)
+                error = n < 0 ? errno : 0
+                if n < 0 && error == EAGAIN { park(); continue }
             }
-            // The place is taken: still take a request that is waiting (parallel clients keep every
-            // worker busy), and park only when there is none.
-            let n = Glibc.read(fd, buf, len)
-            let error = errno
-            if n >= 0 || error != EAGAIN {
-                if n >= 0 && parked.load(ordering: .acquiring) > 0 && Self.pending(fd) { handOver() }
-                errno = error
-                return n
-            }
-            park()
+            if parked.load(ordering: .acquiring) > 0 && (n < 0 || Self.isRead(buf, n) || Self.pending(fd)) { handOver() }
+            errno = error
+            return n
         }
     }
 

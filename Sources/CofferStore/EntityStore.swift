@@ -516,22 +516,23 @@ public final class EntityStore: @unchecked Sendable {
         return record
     }
 
+    /// Writes an entry, replacing one by the same name.
     public func putEntry(parent: UInt64, _ record: DirectoryEntryRecord) throws(StoreError) {
-        let ptag = parentTag(parent), tag = nameTag(parent, record.name)
-        let sealed = try sealer.seal(DirectoryEntryTransformer(), record, id: ptag + tag, cipher: keys.metadata)
-        try write(bytes: sealed.count) { db in
-            try db.cachedStatement(sql: "INSERT OR REPLACE INTO dirents(parent, tag, value) VALUES (?, ?, ?)")
-                .execute(arguments: [Data(ptag), Data(tag), Data(sealed)])
-        }
+        _ = try insertEntry(parent: parent, record, onConflict: "REPLACE")
     }
 
     /// Adds a new entry; false (and nothing changed) when the directory has one by that name already.
     /// One statement instead of a lookup and a write: creating a file asks the store once.
     public func addEntry(parent: UInt64, _ record: DirectoryEntryRecord) throws(StoreError) -> Bool {
+        try insertEntry(parent: parent, record, onConflict: "IGNORE")
+    }
+
+    /// `onConflict`: SQLite's conflict clause (REPLACE or IGNORE). True when a row was written.
+    private func insertEntry(parent: UInt64, _ record: DirectoryEntryRecord, onConflict: StaticString) throws(StoreError) -> Bool {
         let ptag = parentTag(parent), tag = nameTag(parent, record.name)
         let sealed = try sealer.seal(DirectoryEntryTransformer(), record, id: ptag + tag, cipher: keys.metadata)
         return try write(bytes: sealed.count) { db in
-            try db.cachedStatement(sql: "INSERT OR IGNORE INTO dirents(parent, tag, value) VALUES (?, ?, ?)")
+            try db.cachedStatement(sql: "INSERT OR \(onConflict) INTO dirents(parent, tag, value) VALUES (?, ?, ?)")
                 .execute(arguments: [Data(ptag), Data(tag), Data(sealed)])
             return db.changesCount == 1
         }
