@@ -80,7 +80,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     }
 
     /// Starts the background group committer (the mount does; unit tests may commit by hand).
-    /// It also deletes the rows of removed files once the filesystem is quiet (`reapIfQuiet`).
+    /// It also deletes the rows of removed files once the filesystem is quiet (`reapIfQuiet`), and
+    /// then gives their pages back to the disk (`shrinkIfQuiet`).
     public func startCommitter() {
         meta.withLock { reapsWhenQuiet = true }
         let thread = Thread { [weak self] in
@@ -88,6 +89,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 Thread.sleep(forTimeInterval: fs.meta.withLock({ fs.dying.isEmpty }) ? 0.2 : 0.02)
                 fs.reapIfQuiet()
                 do { try fs.commitIfDue() } catch { fs.logger.error("group commit failed: \(error)") }
+                fs.shrinkIfQuiet()
             }
         }
         thread.name = "coffer-commit"
@@ -284,6 +286,21 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         guard !options.readOnly, store.isCommitDue(age: options.commitInterval, volume: options.commitVolume) else { return }
         awaitForgetsOnAFullDisk()
         try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
+    }
+
+    /// While nothing is written and no removed file waits for its rows to go, gives free pages back
+    /// to the disk a piece at a time (FreePages.swift), each piece in a commit of its own: a request
+    /// that comes meanwhile waits for one piece at most, and the next piece waits for it to commit.
+    func shrinkIfQuiet() {
+        while !options.readOnly, meta.withLock({ !stopped && dying.isEmpty }), !store.hasPendingChanges {
+            do {
+                guard try store.giveBackFreePages() > 0 else { return }
+                try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
+            } catch {
+                logger.error("giving free space back to the disk failed: \(error)")
+                return
+            }
+        }
     }
 
     /// A deleted file's space comes free at the kernel's forget, which follows `rm` at once but is

@@ -64,8 +64,12 @@ public final class EntityStore: @unchecked Sendable {
         config.busyMode = .timeout(10)
         config.maximumReaderCount = 4
         config.prepareDatabase { db in
-            // Only takes effect when the file is created (docs/MEASUREMENTS.md: fewer, larger WAL frames).
-            if let pageSize { try db.execute(sql: "PRAGMA page_size = \(pageSize)") }
+            // Only take effect when the file is created (docs/MEASUREMENTS.md: fewer, larger WAL frames;
+            // FreePages.swift: the space of deleted files goes back to the disk).
+            if let pageSize {
+                try db.execute(sql: "PRAGMA page_size = \(pageSize)")
+                try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL")
+            }
             try db.execute(sql: "PRAGMA cache_size = -8192")
         }
         return config
@@ -143,7 +147,9 @@ public final class EntityStore: @unchecked Sendable {
         if !readOnly {
             do {
                 try configureWriter(pool)
-                store.pageSize = try pool.read { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+                (store.pageSize, store.vacuumsIncrementally) = try pool.read { db in
+                    (try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096, try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") == 2)
+                }
             } catch { throw .database("\(error)") }
             store.checkpointer = Checkpointer(path: path)
             store.reserve = SpaceReserve(directory: (path as NSString).deletingLastPathComponent)
@@ -229,8 +235,9 @@ public final class EntityStore: @unchecked Sendable {
         pending.withLock { $0.generation = record.generation }
     }
 
-    /// Commits, folds the WAL back into the database file, and closes.
+    /// Commits, folds the WAL back into the database file, and closes. Later calls do nothing.
     public func close() {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         try? commit()
         checkpointer?.stop()
         checkpointer = nil
@@ -239,13 +246,17 @@ public final class EntityStore: @unchecked Sendable {
         try? pool.close()
     }
 
+    private let closed = Atomic<Bool>(false)
     /// Copies committed WAL frames into the database file on its own connection and thread, so the
     /// writer never waits for a checkpoint.
     private var checkpointer: Checkpointer?
     /// Space set aside for recovering from a full disk.
     private var reserve: SpaceReserve?
     /// The database's page size (a WAL frame holds one page).
-    private var pageSize = 4096
+    private(set) var pageSize = 4096
+    /// Created with `auto_vacuum = INCREMENTAL` (every store since format notes of 2026-11): free pages
+    /// can be given back to the disk (FreePages.swift).
+    private(set) var vacuumsIncrementally = false
 
     /// The commit generation: grows by one with every commit.
     public var generation: UInt64 { pending.withLock { $0.generation } }
