@@ -9,7 +9,7 @@
 # Workloads (caches dropped before each; each subject remounted before each read workload):
 #   mount (s), seq_write dd 1M + fsync (MB/s), seq_read after remount (MB/s), untar corpus (s),
 #   ls_lR (s), read_all: cat every file (s), rm_rf (s), fio 4 KiB randwrite / randread, psync,
-#   1 job (IOPS), coffer daemon peak RSS while streaming (MiB).
+#   1 job (IOPS), coffer daemon peak RSS while streaming a write and a read (MiB).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=0; ONLY=""; COFFER_OPTS=""
@@ -95,20 +95,26 @@ coffer_pid() { cat "$(dir_of coffer)/c/coffer.lock" 2>/dev/null | head -1; }
 log "subjects: $SUBJECTS; corpus $CFILES files; streaming $SEQ_MB MiB; fio ${FIO_RT}s on $FIO_MB MiB"
 for s in $SUBJECTS; do init_subject "$s"; drop; rec "$s" mount "$(t mount_subject "$s")" s; done
 
+# The coffer daemon's peak resident size while a workload runs: watch_rss before it, rss_peak NAME after.
+watch_rss() {
+    local pid; pid=$(coffer_pid); rm -f "$RUN/rss"
+    ( peak=0; while kill -0 "$pid" 2>/dev/null; do r=$(awk '/VmRSS/{print $2}' /proc/"$pid"/status 2>/dev/null); [ -n "$r" ] && [ "$r" -gt "$peak" ] && peak=$r && echo "$peak" > "$RUN/rss"; sleep 0.2; done ) &
+    watcher=$!
+}
+rss_peak() { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; rec coffer "$1" "$(( $(cat "$RUN/rss" 2>/dev/null || echo 0) / 1024 ))" MiB; }
 for s in $SUBJECTS; do
     m=$(mnt_of "$s"); drop
-    if [ "$s" = coffer ]; then
-        pid=$(coffer_pid)
-        ( peak=0; while kill -0 "$pid" 2>/dev/null; do r=$(awk '/VmRSS/{print $2}' /proc/"$pid"/status 2>/dev/null); [ -n "$r" ] && [ "$r" -gt "$peak" ] && peak=$r && echo "$peak" > "$RUN/rss"; sleep 0.2; done ) &
-        watcher=$!
-    fi
+    [ "$s" = coffer ] && watch_rss
     secs=$(t dd if=/dev/zero of="$m/seq.dat" bs=1M count="$SEQ_MB" conv=fsync)
     rec "$s" seq_write "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
-    [ "$s" = coffer ] && { kill "$watcher" 2>/dev/null; rec coffer rss_streaming "$(( $(cat "$RUN/rss" 2>/dev/null || echo 0) / 1024 ))" MiB; }
+    [ "$s" = coffer ] && rss_peak rss_streaming
 done
 for s in $SUBJECTS; do
     remount "$s"; m=$(mnt_of "$s")
-    secs=$(t cat "$m/seq.dat"); rm -f "$m/seq.dat"
+    [ "$s" = coffer ] && watch_rss
+    secs=$(t cat "$m/seq.dat")
+    [ "$s" = coffer ] && rss_peak rss_streaming_read
+    rm -f "$m/seq.dat"
     rec "$s" seq_read "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
 done
 cat "$CORPUS" > /dev/null

@@ -634,7 +634,10 @@ public final class EntityStore: @unchecked Sendable {
         } else {
             try readers.with { c in
                 RawSQLite.bindRange(c.select, file: file, first: first, last: last)
-                try RawSQLite.forEachRow(c.select, body)
+                try RawSQLite.forEachRow(c.select) { index, sealed in
+                    c.mapped += sealed.count
+                    try body(index, sealed)
+                }
             }
         }
     }

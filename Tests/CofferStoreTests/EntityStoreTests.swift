@@ -290,6 +290,35 @@ struct EntityStoreTests {
         }
     }
 
+    /// The reader pool maps the database afresh every few MiB read (ChunkReaders.remapAfter): content
+    /// read across many remaps, and again after them, is what was written.
+    @Test func contentReadsAcrossRemapsOfTheReaderPool() throws {
+        try withTempDir { dir in
+            let (store, keys, _) = try makeStore(in: dir)
+            defer { store.close() }
+            let file = try EntityStore.newContentId()
+            let cipher = try keys.fileCipher(contentId: file)
+            let count = 5 * ChunkReaders.remapAfter / 65536
+            for i in 0 ..< count {
+                let plain = [UInt8](repeating: UInt8(i & 0xFF), count: 65536)
+                try store.putChunk(file: file, index: UInt64(i), sealed: try plain.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+            }
+            try store.commit()
+            var out = [UInt8](repeating: 0, count: 65536)
+            for pass in 0 ..< 2 {
+                var seen = 0
+                for first in stride(from: 0, to: count, by: 16) {
+                    try store.forEachChunk(file: file, first: UInt64(first), last: UInt64(first + 15)) { index, sealed in
+                        let n = try out.withUnsafeMutableBytes { try store.openChunk(sealed, file: file, index: index, cipher: cipher, into: $0) }
+                        #expect(n == 65536 && out.allSatisfy { $0 == UInt8(index & 0xFF) }, "pass \(pass): chunk \(index) differs")
+                        seen += 1
+                    }
+                }
+                #expect(seen == count)
+            }
+        }
+    }
+
     @Test func openRefusesWhatIsNotAStore() throws {
         try withTempDir { dir in
             let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
