@@ -1,6 +1,7 @@
 import GRDB
 import GRDBSQLite
 import Glibc
+import Synchronization
 
 /// The content hot path on SQLite's C API: reads step a prepared statement and hand the sealed bytes
 /// to the caller straight from SQLite's buffer, writes bind the sealed bytes without copying.
@@ -44,11 +45,13 @@ extension StoreError {
 /// A small pool of read-only connections for content reads that need no uncommitted data, so
 /// several FUSE threads read (and then decrypt) at once.
 ///
-/// Each maps the whole database file (memory-mapped I/O spares a pread and a copy per page: reading
-/// every file of the benchmark tree took 2.25 s instead of 2.46 s with the first 64 MiB mapped and
-/// 2.56 s with none, docs/MEASUREMENTS.md). Every page read through a mapping counts in the daemon's
-/// resident size, although it is only page cache, so a connection maps the file afresh once it has
-/// read `remapAfter` bytes: streaming a large file does not show as a daemon of that size.
+/// A `mapped` pool maps the whole database file: memory-mapped I/O spares a pread and a copy per
+/// page (reading every file of the benchmark tree took 2.25 s instead of 2.46 s with the first
+/// 64 MiB mapped and 2.56 s with none, docs/MEASUREMENTS.md). Every page read through a mapping
+/// counts in the daemon's resident size, although it is only page cache, so a connection maps the
+/// file afresh once it has read `remapAfter` bytes. A remap costs about 2 ms (munmap) and the page
+/// faults after it, which made random 4 KiB reads in a large file a fifth slower: the store sends
+/// only the first chunks of each file through the mapped pool (`EntityStore.forEachChunk`).
 final class ChunkReaders: @unchecked Sendable {
     static let selectRange = "SELECT idx, value FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"
     /// The mapping asked for, and the other size a remap switches to (below SQLITE_MAX_MMAP_SIZE,
@@ -62,26 +65,31 @@ final class ChunkReaders: @unchecked Sendable {
         /// Bytes read through the current mapping.
         var mapped = 0
         private var limit = ChunkReaders.mapLimit
-        init(db: OpaquePointer, select: OpaquePointer) { self.db = db; self.select = select }
+        private let maps: Bool
+        init(db: OpaquePointer, select: OpaquePointer, maps: Bool) { self.db = db; self.select = select; self.maps = maps }
         deinit { sqlite3_finalize(select); sqlite3_close_v2(db) }
 
         /// A new limit makes SQLite unmap the file and map it again, untouched (the call writes the
         /// old limit back into its argument, hence the copy).
-        func remapIfDue() {
-            guard mapped >= ChunkReaders.remapAfter else { return }
+        func remapIfDue() -> Bool {
+            guard maps, mapped >= ChunkReaders.remapAfter else { return false }
             mapped = 0
             limit = limit == ChunkReaders.mapLimit ? ChunkReaders.otherMapLimit : ChunkReaders.mapLimit
             var argument = limit
-            _ = sqlite3_file_control(db, "main", SQLITE_FCNTL_MMAP_SIZE, &argument)
+            return sqlite3_file_control(db, "main", SQLITE_FCNTL_MMAP_SIZE, &argument) == SQLITE_OK
         }
     }
 
     private let path: String
+    private let mapped: Bool
+    /// Remaps so far (tests look).
+    let remaps = Atomic<Int>(0)
     private var idle: [Connection] = []
     private var lock = pthread_mutex_t()
 
-    init(path: String) {
+    init(path: String, mapped: Bool) {
         self.path = path
+        self.mapped = mapped
         pthread_mutex_init(&lock, nil)
     }
     deinit { pthread_mutex_destroy(&lock) }
@@ -92,7 +100,7 @@ final class ChunkReaders: @unchecked Sendable {
         pthread_mutex_unlock(&lock)
         let connection = try reused ?? open()
         defer {
-            connection.remapIfDue()
+            if connection.remapIfDue() { remaps.add(1, ordering: .relaxed) }
             pthread_mutex_lock(&lock)
             if idle.count < 8 { idle.append(connection) }
             pthread_mutex_unlock(&lock)
@@ -115,12 +123,12 @@ final class ChunkReaders: @unchecked Sendable {
             throw StoreError.database("cannot open a reader: SQLite error \(rc)")
         }
         sqlite3_busy_timeout(db, 10_000)
-        sqlite3_exec(db, "PRAGMA mmap_size = \(Self.mapLimit)", nil, nil, nil)
+        sqlite3_exec(db, "PRAGMA mmap_size = \(mapped ? Self.mapLimit : 0)", nil, nil, nil)
         var stmt: OpaquePointer?
         guard sqlite3_prepare_v3(db, Self.selectRange, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil) == SQLITE_OK, let stmt else {
             sqlite3_close_v2(db)
             throw StoreError.database("cannot prepare the chunk reader")
         }
-        return Connection(db: db, select: stmt)
+        return Connection(db: db, select: stmt, maps: mapped)
     }
 }

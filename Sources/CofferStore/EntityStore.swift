@@ -22,7 +22,10 @@ public final class EntityStore: @unchecked Sendable {
     public let readOnly: Bool
     public let path: String
     let pool: DatabasePool
-    let readers: ChunkReaders
+    /// Committed content: a file's first `mappedChunks` chunks through connections that map the
+    /// store, the rest through connections that pread (ChunkReaders).
+    let readers: ChunkReaders, streamReaders: ChunkReaders
+    static let mappedChunks: UInt64 = 32
 
     /// Called (on the writer) when SQLite dropped the open transaction (e.g. the disk filled up):
     /// everything since the last commit is gone and caches above must be reloaded.
@@ -53,7 +56,8 @@ public final class EntityStore: @unchecked Sendable {
     private init(path: String, pool: DatabasePool, keys: ContainerKeys, registry: TransformerRegistry, readOnly: Bool,
                  location: String? = nil) {
         self.path = path; self.pool = pool; self.keys = keys
-        self.readers = ChunkReaders(path: location ?? path)
+        self.readers = ChunkReaders(path: location ?? path, mapped: true)
+        self.streamReaders = ChunkReaders(path: location ?? path, mapped: false)
         self.sealer = EntitySealer(registry: registry); self.readOnly = readOnly
     }
 
@@ -242,6 +246,7 @@ public final class EntityStore: @unchecked Sendable {
         checkpointer?.stop()
         checkpointer = nil
         readers.closeAll()
+        streamReaders.closeAll()
         if !readOnly { _ = try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) } }
         try? pool.close()
     }
@@ -621,7 +626,9 @@ public final class EntityStore: @unchecked Sendable {
 
     /// Calls `body` with each stored chunk `first...last` of a file, in index order, with the sealed
     /// bytes straight from SQLite's buffer (valid only during the call). Committed content goes
-    /// through the reader pool, concurrently; a file with uncommitted changes through the writer.
+    /// through a reader pool, concurrently: small files and the start of large ones through mapped
+    /// connections, reads further into a large file (streaming, random access) through preads. A
+    /// file with uncommitted changes goes through the writer.
     public func forEachChunk(file: UInt64, first: UInt64, last: UInt64,
                              _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
         let dirty = readOnly ? false : pending.withLock { $0.dirtyFiles.contains(file) }
@@ -632,7 +639,7 @@ public final class EntityStore: @unchecked Sendable {
                 try RawSQLite.forEachRow(stmt, body)
             }
         } else {
-            try readers.with { c in
+            try (first < Self.mappedChunks ? readers : streamReaders).with { c in
                 RawSQLite.bindRange(c.select, file: file, first: first, last: last)
                 try RawSQLite.forEachRow(c.select) { index, sealed in
                     c.mapped += sealed.count

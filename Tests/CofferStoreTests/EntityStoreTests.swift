@@ -290,25 +290,28 @@ struct EntityStoreTests {
         }
     }
 
-    /// The reader pool maps the database afresh every few MiB read (ChunkReaders.remapAfter): content
-    /// read across many remaps, and again after them, is what was written.
-    @Test func contentReadsAcrossRemapsOfTheReaderPool() throws {
+    /// Committed content is read through two reader pools: a file's first chunks through connections
+    /// that map the store and map it afresh every few MiB (ChunkReaders.remapAfter), the rest through
+    /// preads. Read over and over across remaps, every chunk is what was written.
+    @Test func contentReadsAcrossBothReaderPoolsAndRemaps() throws {
         try withTempDir { dir in
             let (store, keys, _) = try makeStore(in: dir)
             defer { store.close() }
             let file = try EntityStore.newContentId()
             let cipher = try keys.fileCipher(contentId: file)
-            let count = 5 * ChunkReaders.remapAfter / 65536
+            let count = 2 * Int(EntityStore.mappedChunks)
             for i in 0 ..< count {
                 let plain = [UInt8](repeating: UInt8(i & 0xFF), count: 65536)
                 try store.putChunk(file: file, index: UInt64(i), sealed: try plain.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
             }
             try store.commit()
             var out = [UInt8](repeating: 0, count: 65536)
-            for pass in 0 ..< 2 {
+            // Enough passes that the mapped pool remaps at least three times.
+            let passes = 3 * ChunkReaders.remapAfter / (Int(EntityStore.mappedChunks) * 65536) + 1
+            for pass in 0 ..< passes {
                 var seen = 0
-                for first in stride(from: 0, to: count, by: 16) {
-                    try store.forEachChunk(file: file, first: UInt64(first), last: UInt64(first + 15)) { index, sealed in
+                for first in stride(from: 0, to: count, by: 8) {
+                    try store.forEachChunk(file: file, first: UInt64(first), last: UInt64(first + 7)) { index, sealed in
                         let n = try out.withUnsafeMutableBytes { try store.openChunk(sealed, file: file, index: index, cipher: cipher, into: $0) }
                         #expect(n == 65536 && out.allSatisfy { $0 == UInt8(index & 0xFF) }, "pass \(pass): chunk \(index) differs")
                         seen += 1
@@ -316,6 +319,8 @@ struct EntityStoreTests {
                 }
                 #expect(seen == count)
             }
+            #expect(store.readers.remaps.load(ordering: .relaxed) >= 3)
+            #expect(store.streamReaders.remaps.load(ordering: .relaxed) == 0)
         }
     }
 
