@@ -757,6 +757,47 @@ struct BackgroundDeletionTests {
         #expect(fsck.ok, "\(fsck)")
     }
 
+    /// Killed while it gives a deleted file's pages back (pages of the files written after it are being
+    /// moved): fsck finds nothing, every file reads back, and the next mount finishes the shrinking.
+    @Test func sigkillWhileFreePagesGoBackLosesNothing() throws {
+        let sb = try Sandbox("shrinkkill")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let store = sb.container + "/store.db"
+        #expect(E2E.sh("head -c 100663296 /dev/urandom > '\(sb.mnt)/big.bin' && sync '\(sb.mnt)/big.bin'").ok)
+        try makeTree(sb)   // after big.bin in the store: its pages move when big.bin's go back
+        let expected = E2E.snapshot(sb.mnt).filter { $0.key != "big.bin" }
+        #expect(expected.count == 401)
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        try #require(E2E.cmdline(pid).contains(sb.container), "lock pid is not our daemon")
+        #expect(E2E.sh("rm '\(sb.mnt)/big.bin' && sync '\(sb.mnt)'").ok)
+        // Watch the committed freelist and kill the daemon once part of it has gone back.
+        let watch = E2E.py("""
+            import os, signal, sqlite3, sys, time
+            db = sqlite3.connect('file:' + sys.argv[1] + '?mode=ro', uri=True)
+            pid, most, deadline = int(sys.argv[2]), 0, time.time() + 60
+            while time.time() < deadline:
+                free = db.execute('PRAGMA freelist_count').fetchone()[0]
+                most = max(most, free)
+                if most > 4000 and free < most * 0.8:
+                    os.kill(pid, signal.SIGKILL)
+                    print('killed at', free, 'of', most)
+                    sys.exit(0)
+                time.sleep(0.002)
+            print('never saw the freelist shrink; most', most)
+            sys.exit(1)
+            """, [store, String(pid)], timeout: 90)
+        #expect(watch.ok, "\(watch)")
+        #expect(E2E.wait(10) { !E2E.isAlive(pid) })
+        E2E.forceUnmount(sb.mnt)
+        let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile], timeout: 120)
+        #expect(fsck.ok, "fsck after the kill: \(fsck)")
+        try #require(sb.mount().ok)
+        #expect(E2E.snapshot(sb.mnt) == expected, "files differ after the kill")
+        #expect(E2E.wait(30) { Int(E2E.statOf(store)?.st_size ?? -1) < 48 << 20 }, "the next mount did not finish giving 96 MiB back")
+        #expect(sb.unmount().ok)
+    }
+
     @Test func rmRfThenSIGKILLLeavesNoRowsAfterTheNextMount() throws {
         let sb = try Sandbox("bgkill")
         defer { sb.cleanup() }
