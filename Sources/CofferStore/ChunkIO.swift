@@ -45,7 +45,7 @@ extension StoreError {
 /// A small pool of read-only connections for content reads that need no uncommitted data, so
 /// several FUSE threads read (and then decrypt) at once.
 ///
-/// A `mapped` pool maps the whole database file: memory-mapped I/O spares a pread and a copy per
+/// A pool made with `maps` maps the whole database file: memory-mapped I/O spares a pread and a copy per
 /// page (reading every file of the benchmark tree took 2.25 s instead of 2.46 s with the first
 /// 64 MiB mapped and 2.56 s with none, docs/MEASUREMENTS.md). Every page read through a mapping
 /// counts in the daemon's resident size, although it is only page cache, so a connection maps the
@@ -63,7 +63,7 @@ final class ChunkReaders: @unchecked Sendable {
         let db: OpaquePointer
         let select: OpaquePointer
         /// Bytes read through the current mapping.
-        var mapped = 0
+        var bytesSinceMap = 0
         private var limit = ChunkReaders.mapLimit
         private let maps: Bool
         init(db: OpaquePointer, select: OpaquePointer, maps: Bool) { self.db = db; self.select = select; self.maps = maps }
@@ -72,8 +72,8 @@ final class ChunkReaders: @unchecked Sendable {
         /// A new limit makes SQLite unmap the file and map it again, untouched (the call writes the
         /// old limit back into its argument, hence the copy).
         func remapIfDue() -> Bool {
-            guard maps, mapped >= ChunkReaders.remapAfter else { return false }
-            mapped = 0
+            guard maps, bytesSinceMap >= ChunkReaders.remapAfter else { return false }
+            bytesSinceMap = 0
             limit = limit == ChunkReaders.mapLimit ? ChunkReaders.otherMapLimit : ChunkReaders.mapLimit
             var argument = limit
             return sqlite3_file_control(db, "main", SQLITE_FCNTL_MMAP_SIZE, &argument) == SQLITE_OK
@@ -81,15 +81,15 @@ final class ChunkReaders: @unchecked Sendable {
     }
 
     private let path: String
-    private let mapped: Bool
+    private let maps: Bool
     /// Remaps so far (tests look).
     let remaps = Atomic<Int>(0)
     private var idle: [Connection] = []
     private var lock = pthread_mutex_t()
 
-    init(path: String, mapped: Bool) {
+    init(path: String, maps: Bool) {
         self.path = path
-        self.mapped = mapped
+        self.maps = maps
         pthread_mutex_init(&lock, nil)
     }
     deinit { pthread_mutex_destroy(&lock) }
@@ -123,12 +123,12 @@ final class ChunkReaders: @unchecked Sendable {
             throw StoreError.database("cannot open a reader: SQLite error \(rc)")
         }
         sqlite3_busy_timeout(db, 10_000)
-        sqlite3_exec(db, "PRAGMA mmap_size = \(mapped ? Self.mapLimit : 0)", nil, nil, nil)
+        sqlite3_exec(db, "PRAGMA mmap_size = \(maps ? Self.mapLimit : 0)", nil, nil, nil)
         var stmt: OpaquePointer?
         guard sqlite3_prepare_v3(db, Self.selectRange, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil) == SQLITE_OK, let stmt else {
             sqlite3_close_v2(db)
             throw StoreError.database("cannot prepare the chunk reader")
         }
-        return Connection(db: db, select: stmt, maps: mapped)
+        return Connection(db: db, select: stmt, maps: maps)
     }
 }

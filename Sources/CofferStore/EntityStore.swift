@@ -24,7 +24,7 @@ public final class EntityStore: @unchecked Sendable {
     let pool: DatabasePool
     /// Committed content: a file's first `mappedChunks` chunks through connections that map the
     /// store, the rest through connections that pread (ChunkReaders).
-    let readers: ChunkReaders, streamReaders: ChunkReaders
+    let mappedReaders: ChunkReaders, preadReaders: ChunkReaders
     static let mappedChunks: UInt64 = 32
 
     /// Called (on the writer) when SQLite dropped the open transaction (e.g. the disk filled up):
@@ -56,8 +56,8 @@ public final class EntityStore: @unchecked Sendable {
     private init(path: String, pool: DatabasePool, keys: ContainerKeys, registry: TransformerRegistry, readOnly: Bool,
                  location: String? = nil) {
         self.path = path; self.pool = pool; self.keys = keys
-        self.readers = ChunkReaders(path: location ?? path, mapped: true)
-        self.streamReaders = ChunkReaders(path: location ?? path, mapped: false)
+        self.mappedReaders = ChunkReaders(path: location ?? path, maps: true)
+        self.preadReaders = ChunkReaders(path: location ?? path, maps: false)
         self.sealer = EntitySealer(registry: registry); self.readOnly = readOnly
     }
 
@@ -245,8 +245,8 @@ public final class EntityStore: @unchecked Sendable {
         try? commit()
         checkpointer?.stop()
         checkpointer = nil
-        readers.closeAll()
-        streamReaders.closeAll()
+        mappedReaders.closeAll()
+        preadReaders.closeAll()
         if !readOnly { _ = try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) } }
         try? pool.close()
     }
@@ -259,7 +259,7 @@ public final class EntityStore: @unchecked Sendable {
     private var reserve: SpaceReserve?
     /// The database's page size (a WAL frame holds one page).
     private(set) var pageSize = 4096
-    /// Created with `auto_vacuum = INCREMENTAL` (every store since format notes of 2026-11): free pages
+    /// Created with `auto_vacuum = INCREMENTAL` (stores created since 2026-11-23): free pages
     /// can be given back to the disk (FreePages.swift).
     private(set) var vacuumsIncrementally = false
 
@@ -639,10 +639,10 @@ public final class EntityStore: @unchecked Sendable {
                 try RawSQLite.forEachRow(stmt, body)
             }
         } else {
-            try (first < Self.mappedChunks ? readers : streamReaders).with { c in
+            try (first < Self.mappedChunks ? mappedReaders : preadReaders).with { c in
                 RawSQLite.bindRange(c.select, file: file, first: first, last: last)
                 try RawSQLite.forEachRow(c.select) { index, sealed in
-                    c.mapped += sealed.count
+                    c.bytesSinceMap += sealed.count
                     try body(index, sealed)
                 }
             }

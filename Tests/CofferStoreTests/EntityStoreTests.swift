@@ -319,8 +319,8 @@ struct EntityStoreTests {
                 }
                 #expect(seen == count)
             }
-            #expect(store.readers.remaps.load(ordering: .relaxed) >= 3)
-            #expect(store.streamReaders.remaps.load(ordering: .relaxed) == 0)
+            #expect(store.mappedReaders.remaps.load(ordering: .relaxed) >= 3)
+            #expect(store.preadReaders.remaps.load(ordering: .relaxed) == 0)
         }
     }
 
