@@ -324,6 +324,23 @@ struct EntityStoreTests {
         }
     }
 
+    /// The writer's page cache is large only while a group transaction is open (room for the whole
+    /// group); between transactions it is small, so metadata reads do not keep 20 MiB resident.
+    @Test func writerCacheIsLargeOnlyInsideAGroup() throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(in: dir)
+            defer { store.close() }
+            func cacheKiB() throws -> Int { -(try store.writer { db in try Int.fetchOne(db, sql: "PRAGMA cache_size") } ?? 0) }
+            #expect(try cacheKiB() == EntityStore.idleWriterCacheKiB)
+            try store.putInode(90, sampleInode(size: 1))
+            #expect(try cacheKiB() == EntityStore.writerCacheKiB)
+            try store.commit()
+            #expect(try cacheKiB() == EntityStore.idleWriterCacheKiB)
+            #expect(try store.inode(90)?.size == 1)
+            #expect(try cacheKiB() == EntityStore.idleWriterCacheKiB, "a read opens no group")
+        }
+    }
+
     @Test func openRefusesWhatIsNotAStore() throws {
         try withTempDir { dir in
             let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
