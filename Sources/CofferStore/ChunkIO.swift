@@ -65,14 +65,13 @@ final class ChunkReaders: @unchecked Sendable {
         /// Bytes read through the current mapping.
         var bytesSinceMap = 0
         private var limit = ChunkReaders.mapLimit
-        private let maps: Bool
-        init(db: OpaquePointer, select: OpaquePointer, maps: Bool) { self.db = db; self.select = select; self.maps = maps }
+        init(db: OpaquePointer, select: OpaquePointer) { self.db = db; self.select = select }
         deinit { sqlite3_finalize(select); sqlite3_close_v2(db) }
 
         /// A new limit makes SQLite unmap the file and map it again, untouched (the call writes the
         /// old limit back into its argument, hence the copy).
         func remapIfDue() -> Bool {
-            guard maps, bytesSinceMap >= ChunkReaders.remapAfter else { return false }
+            guard bytesSinceMap >= ChunkReaders.remapAfter else { return false }
             bytesSinceMap = 0
             limit = limit == ChunkReaders.mapLimit ? ChunkReaders.otherMapLimit : ChunkReaders.mapLimit
             var argument = limit
@@ -100,7 +99,7 @@ final class ChunkReaders: @unchecked Sendable {
         pthread_mutex_unlock(&lock)
         let connection = try reused ?? open()
         defer {
-            if connection.remapIfDue() { remaps.add(1, ordering: .relaxed) }
+            if maps, connection.remapIfDue() { remaps.add(1, ordering: .relaxed) }
             pthread_mutex_lock(&lock)
             if idle.count < 8 { idle.append(connection) }
             pthread_mutex_unlock(&lock)
@@ -129,6 +128,6 @@ final class ChunkReaders: @unchecked Sendable {
             sqlite3_close_v2(db)
             throw StoreError.database("cannot prepare the chunk reader")
         }
-        return Connection(db: db, select: stmt, maps: maps)
+        return Connection(db: db, select: stmt)
     }
 }
