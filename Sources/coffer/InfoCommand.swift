@@ -31,6 +31,12 @@ struct InfoCommand: ParsableCommand {
             guard unlock || secret.isGiven else { return }
             let (keys, slotId) = try secret.unlock(c)
             defer { keys.wipe() }
+            if let pid = ContainerLock.holder(root: c.root) {
+                // A daemon holds the store for itself while mounted (EntityStore.exclusiveLocation).
+                print("Unlocked by:    slot \(slotId)")
+                print("Mounted:        by daemon pid \(pid); unmount it to see entity counts and store size")
+                return
+            }
             let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: true)
             defer { store.close() }
             let counts = try store.counts()

@@ -195,6 +195,33 @@ struct MountTests {
         #expect(sb.unmount().ok)
     }
 
+    /// While mounted, the daemon holds the store for itself (EntityStore.exclusiveLocation): no other
+    /// process opens it through SQLite, the `-shm` file stays empty, and `coffer info` says it is mounted
+    /// instead of waiting for the store. After the unmount everything opens it again.
+    @Test func theDaemonHoldsTheStoreAlone() throws {
+        guard E2E.which("sqlite3") != nil else { Issue.record("sqlite3 missing (make test-deps installs it)"); return }
+        let sb = try Sandbox("storealone")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/f.txt", "data")
+        #expect(E2E.sh("sync '\(sb.mnt)/f.txt'").ok)
+        let store = sb.container + "/store.db"
+        let locked = E2E.run("/usr/bin/env", ["sqlite3", store, "SELECT count(*) FROM inodes"])
+        #expect(!locked.ok && locked.stderr.contains("locked"), "another process read the mounted store: \(locked)")
+        // The WAL index stays in the daemon's memory; the -shm file is only there for read-only opens.
+        #expect(E2E.statOf(store + "-shm")?.st_size == 0, "the WAL index went to a file")
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        let mounted = E2E.coffer(["info", sb.container, "--passfile", sb.passfile])
+        #expect(mounted.ok && mounted.stdout.contains("Mounted:        by daemon pid \(pid)"), "\(mounted)")
+        #expect(mounted.stdout.contains("Unlocked by:") && !mounted.stdout.contains("Entities:"), "\(mounted)")
+        #expect(E2E.readText(sb.mnt + "/f.txt") == "data")
+        #expect(sb.unmount().ok)
+        let count = E2E.run("/usr/bin/env", ["sqlite3", store, "SELECT count(*) FROM inodes"])
+        #expect(count.ok && count.stdout == "2\n", "\(count)")
+        let info = E2E.coffer(["info", sb.container, "--passfile", sb.passfile])
+        #expect(info.ok && info.stdout.contains("Entities:       2 inodes") && !info.stdout.contains("Mounted:"), "\(info)")
+    }
+
     @Test func unmountOfSomethingElseIsRefused() throws {
         let sb = try Sandbox("unmountnot")
         defer { sb.cleanup() }
