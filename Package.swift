@@ -20,11 +20,14 @@ let package = Package(
         .systemLibrary(name: "CArgon2", pkgConfig: "libargon2", providers: [.apt(["libargon2-dev"])]),
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
 
+        // Beside the system libraries: a SIGBUS guard for memory-mapped store reads (C: a signal handler).
+        .target(name: "CMappedFault"),
+
         // Layer 5: crypto primitives and locked key memory.
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
         // Layer 4: container header, key slots, transformers, the sealed entity store.
         .target(name: "CofferStore", dependencies: [
-            "CofferCrypto",
+            "CofferCrypto", "CMappedFault",
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "GRDBSQLite", package: "GRDB.swift"),
             .product(name: "Logging", package: "swift-log"),

@@ -1,3 +1,4 @@
+import CMappedFault
 import GRDB
 import GRDBSQLite
 import Glibc
@@ -86,11 +87,18 @@ final class ChunkReaders: @unchecked Sendable {
     private var idle: [Connection] = []
     private var lock = pthread_mutex_t()
 
-    init(path: String, maps: Bool) {
+    /// `path` is what SQLite opens (maybe a URI), `file` the database file itself.
+    init(path: String, file: String, maps: Bool) {
         self.path = path
-        self.maps = maps
+        // Only with the SIGBUS guard: a store truncated under the mapping (by another process) must make
+        // the read fail, not kill the daemon (the handler maps zeros over the lost page; SQLite reports it
+        // damaged).
+        self.maps = maps && coffer_mapped_fault_install("/" + (file.split(separator: "/").last.map(String.init) ?? file)) == 0
         pthread_mutex_init(&lock, nil)
     }
+
+    /// Pages past the end of a truncated store that the SIGBUS guard replaced with zeros, in this process.
+    static var faultsRepaired: Int { Int(coffer_mapped_fault_count()) }
     deinit { pthread_mutex_destroy(&lock) }
 
     func with<T>(_ body: (Connection) throws -> T) throws -> T {

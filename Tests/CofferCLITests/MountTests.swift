@@ -222,6 +222,30 @@ struct MountTests {
         #expect(info.ok && info.stdout.contains("Entities:       2 inodes") && !info.stdout.contains("Mounted:"), "\(info)")
     }
 
+    /// Someone truncates `store.db` while it is mounted (a sync client replacing it, an attacker): the
+    /// reads that needed the lost pages fail with EIO, and the daemon lives on and unmounts. The readers
+    /// map the store, so without the SIGBUS guard (CMappedFault) the first such read killed the daemon.
+    @Test func truncatingTheStoreWhileMountedGivesEIONotACrash() throws {
+        let sb = try Sandbox("truncstore")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let files = (0 ..< 300).map { sb.mnt + "/f\($0)" }
+        for f in files { try E2E.write(f, E2E.randomBytes(65536)) }
+        #expect(E2E.sh("sync '\(sb.mnt)'").ok)
+        usleep(2_500_000)  // the idle checkpoint moves the pages into store.db, where the readers map them
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        let direct = "for f in \"$@\"; do dd if=\"$f\" of=/dev/null iflag=direct bs=64k status=none || echo \"failed $f\"; done"
+        let first = E2E.run("/bin/sh", ["-c", direct, "sh"] + files)
+        try #require(first.ok && !first.stdout.contains("failed"), "reads before the truncation: \(first)")
+        #expect(truncate(sb.container + "/store.db", 1 << 20) == 0)
+        let after = E2E.run("/bin/sh", ["-c", direct, "sh"] + files)
+        #expect(after.stdout.contains("failed"), "every file still read after losing all but 1 MiB of the store: \(after)")
+        #expect(after.stderr.contains("Input/output error"), "\(after)")
+        #expect(E2E.isAlive(pid), "the daemon died when the store was truncated under it")
+        #expect(sb.unmount().ok)
+        #expect(E2E.wait(10) { !E2E.isAlive(pid) })
+    }
+
     @Test func unmountOfSomethingElseIsRefused() throws {
         let sb = try Sandbox("unmountnot")
         defer { sb.cleanup() }

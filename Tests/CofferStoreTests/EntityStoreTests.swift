@@ -324,6 +324,36 @@ struct EntityStoreTests {
         }
     }
 
+    /// Someone truncates the store while readers map it (a sync client replacing the file, an attacker):
+    /// reading the pages that are gone fails with an error instead of killing the process with SIGBUS
+    /// (CMappedFault maps zeros over them, which SQLite reports as a damaged page).
+    @Test func truncatedStoreUnderAMappingFailsInsteadOfCrashing() throws {
+        try withTempDir { dir in
+            let (store, keys, _) = try makeStore(in: dir)
+            defer { store.close() }
+            let file = try EntityStore.newContentId()
+            let cipher = try keys.fileCipher(contentId: file)
+            let count = Int(EntityStore.mappedChunks)  // all through the mapped pool
+            for i in 0 ..< count {
+                let plain = [UInt8](repeating: UInt8(i), count: 65536)
+                try store.putChunk(file: file, index: UInt64(i), sealed: try plain.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+            }
+            try store.commit()
+            try store.pool.writeWithoutTransaction { _ = try $0.checkpoint(.truncate) }  // pages in the file, not the WAL
+            var seen = 0
+            try store.forEachChunk(file: file, first: 0, last: UInt64(count - 1)) { _, _ in seen += 1 }
+            #expect(seen == count, "read before the truncation")
+            let before = ChunkReaders.faultsRepaired
+            #expect(truncate(dir + "/store.db", 64 * 1024) == 0)
+            var failed = false
+            do {
+                try store.forEachChunk(file: file, first: 0, last: UInt64(count - 1)) { _, _ in }
+            } catch { failed = true }
+            #expect(failed, "chunks past the end of the truncated file were read")
+            #expect(ChunkReaders.faultsRepaired > before, "the read did not go through the mapping")
+        }
+    }
+
     /// The writer's page cache is large only while a group transaction is open (room for the whole
     /// group); between transactions it is small, so metadata reads do not keep 20 MiB resident.
     @Test func writerCacheIsLargeOnlyInsideAGroup() throws {
