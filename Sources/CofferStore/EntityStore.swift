@@ -108,8 +108,8 @@ public final class EntityStore: @unchecked Sendable {
 
     /// Creates an empty store with the root directory.
     static func create(at path: String, keys: ContainerKeys, registry: TransformerRegistry, chunkSize: Int) throws {
-        let pool = try DatabasePool(path: exclusiveLocation(path),
-                                    configuration: configuration(readOnly: false, pageSize: pageSize(forChunkSize: chunkSize)))
+        _ = exclusiveByDefault
+        let pool = try DatabasePool(path: path, configuration: configuration(readOnly: false, pageSize: pageSize(forChunkSize: chunkSize)))
         try configureWriter(pool)
         try pool.write { db in
             try db.execute(sql: """
@@ -144,7 +144,8 @@ public final class EntityStore: @unchecked Sendable {
     public static func open(at path: String, keys: ContainerKeys, registry: TransformerRegistry = .standard,
                             readOnly: Bool = false) throws(StoreError) -> EntityStore {
         guard FileManager.default.fileExists(atPath: path) else { throw .notAStore("\(path) is missing") }
-        let location = readOnly ? try readOnlyLocation(path) : exclusiveLocation(path)
+        let location = readOnly ? try readOnlyLocation(path) : path
+        if !readOnly { _ = exclusiveByDefault }
         let pool: DatabasePool
         do { pool = try DatabasePool(path: location, configuration: configuration(readOnly: readOnly)) } catch {
             throw .notAStore("\(error)")
@@ -213,18 +214,22 @@ public final class EntityStore: @unchecked Sendable {
         return uri
     }
 
-    /// Where SQLite opens a store for writing: through the `unix-excl` VFS, which takes the database file's
-    /// lock once for the whole process and keeps the WAL index on the heap (no `-shm` file). Connections of
-    /// this process still lock each other in memory, but a transaction no longer costs fcntl(2) calls on the
-    /// `-shm` file: reading every file of the benchmark tree made 107,000 of them, and took 7 % longer
-    /// (docs/MEASUREMENTS.md). No other process can open the store meanwhile, which the container lock
-    /// (one mount at a time) already asks of it. Without URI file names the plain path is used.
-    static func exclusiveLocation(_ path: String) -> String {
-        uri(path, query: "vfs=unix-excl") ?? path
-    }
+    /// Makes SQLite open files through its `unix-excl` VFS in this process, before a store is opened for
+    /// writing. That VFS takes the database file's lock once for the whole process and keeps the WAL index
+    /// on the heap (never in the `-shm` file): connections of this process still lock each other in memory,
+    /// but a transaction no longer costs fcntl(2) calls. Reading every file of the benchmark tree made
+    /// 107,000 of them, and took 7 % longer (docs/MEASUREMENTS.md). No other process can open the store
+    /// meanwhile, which the container lock (one mount at a time) already asks of it. Read-only connections
+    /// lock as before. It is the default VFS rather than a `vfs=` URI because GRDB looks for `PATH-wal`
+    /// to decide whether to write at open, and a URI made it write every time, also after a crash, before
+    /// `foldInLeftoverWAL`. Returns false if this SQLite has no such VFS (then nothing changes).
+    static let exclusiveByDefault: Bool = {
+        guard let vfs = sqlite3_vfs_find("unix-excl") else { return false }
+        return sqlite3_vfs_register(vfs, 1) == SQLITE_OK
+    }()
 
-    /// Makes sure a `-shm` file exists beside a store opened through `exclusiveLocation`, which never uses
-    /// it: SQLite reads the commits in a WAL where nothing can be written (a snapshot or copy taken while
+    /// Makes sure a `-shm` file exists beside a store opened through `unix-excl`, which never uses it:
+    /// SQLite reads the commits in a WAL where nothing can be written (a snapshot or copy taken while
     /// mounted, a crashed container on read-only media) only if a `-shm` file exists; it then rebuilds the
     /// index on the heap from the WAL, whatever the file holds.
     static func keepSharedMemoryFile(_ path: String) {

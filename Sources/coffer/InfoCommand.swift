@@ -32,7 +32,7 @@ struct InfoCommand: ParsableCommand {
             let (keys, slotId) = try secret.unlock(c)
             defer { keys.wipe() }
             if let pid = ContainerLock.holder(root: c.root) {
-                // A daemon holds the store for itself while mounted (EntityStore.exclusiveLocation).
+                // A daemon holds the store for itself while mounted (EntityStore.exclusiveByDefault).
                 print("Unlocked by:    slot \(slotId)")
                 print("Mounted:        by daemon pid \(pid); unmount it to see entity counts and store size")
                 return

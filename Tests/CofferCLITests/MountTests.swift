@@ -195,7 +195,7 @@ struct MountTests {
         #expect(sb.unmount().ok)
     }
 
-    /// While mounted, the daemon holds the store for itself (EntityStore.exclusiveLocation): no other
+    /// While mounted, the daemon holds the store for itself (EntityStore.exclusiveByDefault): no other
     /// process opens it through SQLite, the `-shm` file stays empty, and `coffer info` says it is mounted
     /// instead of waiting for the store. After the unmount everything opens it again.
     @Test func theDaemonHoldsTheStoreAlone() throws {
