@@ -208,10 +208,12 @@ public final class EntityStore: @unchecked Sendable {
             }
             return path
         }
-        guard let uri = uri(path, query: "immutable=1") else {
+        // Debian's SQLite takes URI file names (SQLITE_USE_URI); GRDB does not pass SQLITE_OPEN_URI.
+        guard sqlite3_compileoption_used("USE_URI") != 0,
+              let escaped = path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed.subtracting(CharacterSet(charactersIn: "?#%"))) else {
             throw .database("this SQLite cannot open a store in a directory that cannot be written (no URI file names)")
         }
-        return uri
+        return "file:" + escaped + "?immutable=1"
     }
 
     /// Makes SQLite open files through its `unix-excl` VFS in this process, before a store is opened for
@@ -222,7 +224,7 @@ public final class EntityStore: @unchecked Sendable {
     /// meanwhile, which the container lock (one mount at a time) already asks of it. Read-only connections
     /// lock as before. It is the default VFS rather than a `vfs=` URI because GRDB looks for `PATH-wal`
     /// to decide whether to write at open, and a URI made it write every time, also after a crash, before
-    /// `foldInLeftoverWAL`. Returns false if this SQLite has no such VFS (then nothing changes).
+    /// `foldInLeftoverWAL`. False if this SQLite has no such VFS (then nothing changes).
     static let exclusiveByDefault: Bool = {
         guard let vfs = sqlite3_vfs_find("unix-excl") else { return false }
         return sqlite3_vfs_register(vfs, 1) == SQLITE_OK
@@ -235,16 +237,6 @@ public final class EntityStore: @unchecked Sendable {
     static func keepSharedMemoryFile(_ path: String) {
         let fd = Glibc.open(path + "-shm", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
         if fd >= 0 { Glibc.close(fd) }
-    }
-
-    /// `file:PATH?QUERY`, or nil when this SQLite takes no URI file names. Debian's SQLite takes them
-    /// (SQLITE_USE_URI); GRDB does not pass SQLITE_OPEN_URI.
-    private static func uri(_ path: String, query: String) -> String? {
-        guard sqlite3_compileoption_used("USE_URI") != 0,
-              let escaped = path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed.subtracting(CharacterSet(charactersIn: "?#%"))) else {
-            return nil
-        }
-        return "file:" + escaped + "?" + query
     }
 
     private func checkSchema(registry: TransformerRegistry) throws(StoreError) {
