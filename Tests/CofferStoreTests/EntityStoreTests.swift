@@ -224,7 +224,7 @@ struct EntityStoreTests {
             let cipher = try keys.fileCipher(contentId: file)
             let big = [UInt8](repeating: 7, count: 65536)
             for i in 0 ..< 64 {
-                try store.putChunk(file: file, index: UInt64(i), sealed: try big.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+                try store.putPlainChunk(big, file: file, index: UInt64(i), cipher: cipher)
             }
             // "Crash": copy the files as they are on disk while the transaction is open.
             let crash = dir + "/crash"
@@ -253,7 +253,7 @@ struct EntityStoreTests {
             let cipher = try keys.fileCipher(contentId: file)
             let chunk = [UInt8](repeating: 9, count: 65536)
             for i in 0 ..< 32 {
-                try store.putChunk(file: file, index: UInt64(i), sealed: try chunk.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+                try store.putPlainChunk(chunk, file: file, index: UInt64(i), cipher: cipher)
             }
             try store.putInode(80, sampleInode(size: 32 * 65536, contentId: file))
             try store.commit()
@@ -302,7 +302,7 @@ struct EntityStoreTests {
             let count = 2 * Int(EntityStore.mappedChunks)
             for i in 0 ..< count {
                 let plain = [UInt8](repeating: UInt8(i & 0xFF), count: 65536)
-                try store.putChunk(file: file, index: UInt64(i), sealed: try plain.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+                try store.putPlainChunk(plain, file: file, index: UInt64(i), cipher: cipher)
             }
             try store.commit()
             var out = [UInt8](repeating: 0, count: 65536)
@@ -336,7 +336,7 @@ struct EntityStoreTests {
             let count = Int(EntityStore.mappedChunks)  // all through the mapped pool
             for i in 0 ..< count {
                 let plain = [UInt8](repeating: UInt8(i), count: 65536)
-                try store.putChunk(file: file, index: UInt64(i), sealed: try plain.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+                try store.putPlainChunk(plain, file: file, index: UInt64(i), cipher: cipher)
             }
             try store.commit()
             try store.pool.writeWithoutTransaction { _ = try $0.checkpoint(.truncate) }  // pages in the file, not the WAL

@@ -12,7 +12,7 @@ struct FreePagesTests {
         let cipher = try keys.fileCipher(contentId: file)
         for i in 0 ..< count {
             let plain = [UInt8](repeating: seed &+ UInt8(i & 0xFF), count: 65536)
-            try store.putChunk(file: file, index: UInt64(i), sealed: try plain.withUnsafeBytes { try store.sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+            try store.putPlainChunk(plain, file: file, index: UInt64(i), cipher: cipher)
         }
     }
 

@@ -97,6 +97,13 @@ func makeStore(in dir: String, name: String = "store.db") throws -> (store: Enti
     return (try EntityStore.open(at: path, keys: keys), keys, path)
 }
 
+extension EntityStore {
+    /// Seals `plain` as chunk `index` of `file` and puts it (uncommitted).
+    func putPlainChunk(_ plain: [UInt8], file: UInt64, index: UInt64, cipher: AESGCM) throws {
+        try putChunk(file: file, index: index, sealed: try plain.withUnsafeBytes { try sealChunk($0, file: file, index: index, cipher: cipher) })
+    }
+}
+
 func sampleInode(size: UInt64 = 0, contentId: UInt64 = 0, mode: UInt32 = 0o100644, target: StoredPath? = nil) -> InodeRecord {
     let t = StoredTime(seconds: 1_700_000_000, nanoseconds: 123_456_789)
     return InodeRecord(mode: mode, uid: 1000, gid: 1000, nlink: 1, size: size, rdev: 0, atime: t, mtime: t, ctime: t,
