@@ -13,8 +13,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static char wanted[256];
-static size_t wantedLength;
 static uintptr_t pageSize;
 static atomic_ulong replaced;
 static struct sigaction previous;
@@ -27,10 +25,9 @@ static int hexDigit(char c) {
     return -1;
 }
 
-/// One line of /proc/self/maps ("start-end perms offset dev inode   path"), given as its first
-/// `headLength` bytes and its last `tailLength` bytes (a long path keeps its end): whether it maps
-/// `address` from a file whose path ends with `wanted`.
-static int lineMaps(const char *head, size_t headLength, const char *tail, size_t tailLength, uintptr_t address) {
+/// The start of one line of /proc/self/maps ("start-end perms offset dev inode   path"): whether it
+/// maps `address` read-only and shared.
+static int lineMaps(const char *head, size_t headLength, uintptr_t address) {
     uintptr_t start = 0, end = 0;
     size_t i = 0;
     int d;
@@ -38,29 +35,29 @@ static int lineMaps(const char *head, size_t headLength, const char *tail, size_
     if (i >= headLength || head[i] != '-') return 0;
     i++;
     while (i < headLength && (d = hexDigit(head[i])) >= 0) { end = end * 16 + (uintptr_t)d; i++; }
-    if (address < start || address >= end) return 0;
-    return tailLength >= wantedLength && memcmp(tail + tailLength - wantedLength, wanted, wantedLength) == 0;
+    if (address < start || address >= end || i + 5 > headLength) return 0;
+    return memcmp(head + i, " r--s", 5) == 0;
 }
 
-/// Whether `address` lies in a mapping of a file whose path ends with `wanted`.
-static int inWantedMapping(uintptr_t address) {
+/// Whether `address` lies in a read-only shared mapping of a file.
+static int inSharedFileMapping(uintptr_t address) {
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
-    char buffer[4096], head[64], tail[sizeof wanted];
-    size_t headLength = 0, tailLength = 0;
-    int found = 0;
+    char buffer[4096], head[64];
+    size_t headLength = 0;
+    int found = 0, file = 0;
     ssize_t n;
     while (!found && (n = read(fd, buffer, sizeof buffer)) > 0) {
         for (ssize_t i = 0; i < n && !found; i++) {
             char c = buffer[i];
             if (c == '\n') {
-                found = lineMaps(head, headLength, tail, tailLength, address);
-                headLength = tailLength = 0;
+                found = file && lineMaps(head, headLength, address);
+                headLength = 0;
+                file = 0;
                 continue;
             }
             if (headLength < sizeof head) head[headLength++] = c;
-            if (tailLength == sizeof tail) { memmove(tail, tail + 1, sizeof tail - 1); tailLength--; }
-            tail[tailLength++] = c;
+            if (c == '/') file = 1;  // the path column (the columns before it hold no '/')
         }
     }
     close(fd);
@@ -70,7 +67,7 @@ static int inWantedMapping(uintptr_t address) {
 static void onSIGBUS(int signal, siginfo_t *info, void *context) {
     (void)context;
     uintptr_t address = (uintptr_t)info->si_addr;
-    if (info->si_code == BUS_ADRERR && inWantedMapping(address)) {
+    if (info->si_code == BUS_ADRERR && inSharedFileMapping(address)) {
         void *page = (void *)(address & ~(pageSize - 1));
         if (mmap(page, pageSize, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == page) {
             atomic_fetch_add(&replaced, 1);
@@ -83,17 +80,10 @@ static void onSIGBUS(int signal, siginfo_t *info, void *context) {
     if (info->si_code <= 0) raise(signal);
 }
 
-int coffer_mapped_fault_install(const char *suffix) {
-    size_t length = strlen(suffix);
-    if (length == 0 || length >= sizeof wanted) { errno = EINVAL; return -1; }
+int coffer_mapped_fault_install(void) {
     pthread_mutex_lock(&installing);
     int result = 0;
-    if (installed) {
-        // One suffix per process: the handler reads `wanted` without a lock.
-        if (wantedLength != length || memcmp(wanted, suffix, length) != 0) { errno = EINVAL; result = -1; }
-    } else {
-        memcpy(wanted, suffix, length);
-        wantedLength = length;
+    if (!installed) {
         pageSize = (uintptr_t)sysconf(_SC_PAGESIZE);
         struct sigaction action;
         memset(&action, 0, sizeof action);

@@ -87,13 +87,12 @@ final class ChunkReaders: @unchecked Sendable {
     private var idle: [Connection] = []
     private var lock = pthread_mutex_t()
 
-    /// `path` is what SQLite opens (maybe a URI), `file` the database file itself.
-    init(path: String, file: String, maps: Bool) {
+    init(path: String, maps: Bool) {
         self.path = path
         // Only with the SIGBUS guard: a store truncated under the mapping (by another process) must make
         // the read fail, not kill the daemon (the handler maps zeros over the lost page; SQLite reports it
         // damaged).
-        self.maps = maps && coffer_mapped_fault_install("/" + (file.split(separator: "/").last.map(String.init) ?? file)) == 0
+        self.maps = maps && coffer_mapped_fault_install() == 0
         pthread_mutex_init(&lock, nil)
     }
 

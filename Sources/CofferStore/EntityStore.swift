@@ -56,8 +56,8 @@ public final class EntityStore: @unchecked Sendable {
     private init(path: String, pool: DatabasePool, keys: ContainerKeys, registry: TransformerRegistry, readOnly: Bool,
                  location: String? = nil) {
         self.path = path; self.pool = pool; self.keys = keys
-        self.mappedReaders = ChunkReaders(path: location ?? path, file: path, maps: true)
-        self.preadReaders = ChunkReaders(path: location ?? path, file: path, maps: false)
+        self.mappedReaders = ChunkReaders(path: location ?? path, maps: true)
+        self.preadReaders = ChunkReaders(path: location ?? path, maps: false)
         self.sealer = EntitySealer(registry: registry); self.readOnly = readOnly
     }
 

@@ -221,11 +221,7 @@ struct EntityStoreTests {
             try store.putInode(71, sampleInode(size: 1))
             // Enough uncommitted data that some of it spills to the WAL before the commit.
             let file = (try EntityStore.newContentId())
-            let cipher = try keys.fileCipher(contentId: file)
-            let big = [UInt8](repeating: 7, count: 65536)
-            for i in 0 ..< 64 {
-                try store.putPlainChunk(big, file: file, index: UInt64(i), cipher: cipher)
-            }
+            try store.putTestChunks(file: file, count: 64, seed: 7, keys: keys)
             // "Crash": copy the files as they are on disk while the transaction is open.
             let crash = dir + "/crash"
             try FileManager.default.createDirectory(atPath: crash, withIntermediateDirectories: false)
@@ -250,11 +246,7 @@ struct EntityStoreTests {
             defer { store.close() }
             // One large commit: its frames fill the WAL file to its end. Then they are checkpointed.
             let file = try EntityStore.newContentId()
-            let cipher = try keys.fileCipher(contentId: file)
-            let chunk = [UInt8](repeating: 9, count: 65536)
-            for i in 0 ..< 32 {
-                try store.putPlainChunk(chunk, file: file, index: UInt64(i), cipher: cipher)
-            }
+            try store.putTestChunks(file: file, count: 32, seed: 9, keys: keys)
             try store.putInode(80, sampleInode(size: 32 * 65536, contentId: file))
             try store.commit()
             let folded = try store.pool.writeWithoutTransaction { try $0.checkpoint(.passive) }
@@ -285,8 +277,8 @@ struct EntityStoreTests {
             #expect(try reopened.chunkIndices(file: file) == (0 ..< 16).map { UInt64($0) })
             let first = try #require(try reopened.sealedChunks(file: file, first: 0, last: 0).first)
             var plain = [UInt8](repeating: 0, count: 65536)
-            let n = try plain.withUnsafeMutableBytes { try reopened.openChunk(first.sealed, file: file, index: 0, cipher: cipher, into: $0) }
-            #expect(n == 65536 && plain == chunk)
+            let n = try plain.withUnsafeMutableBytes { try reopened.openChunk(first.sealed, file: file, index: 0, cipher: try keys.fileCipher(contentId: file), into: $0) }
+            #expect(n == 65536 && plain == [UInt8](repeating: 9, count: 65536), "chunk 0 holds seed 9")
         }
     }
 
@@ -300,10 +292,7 @@ struct EntityStoreTests {
             let file = try EntityStore.newContentId()
             let cipher = try keys.fileCipher(contentId: file)
             let count = 2 * Int(EntityStore.mappedChunks)
-            for i in 0 ..< count {
-                let plain = [UInt8](repeating: UInt8(i & 0xFF), count: 65536)
-                try store.putPlainChunk(plain, file: file, index: UInt64(i), cipher: cipher)
-            }
+            try store.putTestChunks(file: file, count: count, seed: 0, keys: keys)
             try store.commit()
             var out = [UInt8](repeating: 0, count: 65536)
             // Enough passes that the mapped pool remaps at least three times.
@@ -329,22 +318,20 @@ struct EntityStoreTests {
     /// (CMappedFault maps zeros over them, which SQLite reports as a damaged page).
     @Test func truncatedStoreUnderAMappingFailsInsteadOfCrashing() throws {
         try withTempDir { dir in
-            let (store, keys, _) = try makeStore(in: dir)
+            // Not named store.db: the guard does not go by the file's name (other stores of this process
+            // have other names, and whichever opened first must not decide).
+            let (store, keys, path) = try makeStore(in: dir, name: "guarded.db")
             defer { store.close() }
             let file = try EntityStore.newContentId()
-            let cipher = try keys.fileCipher(contentId: file)
             let count = Int(EntityStore.mappedChunks)  // all through the mapped pool
-            for i in 0 ..< count {
-                let plain = [UInt8](repeating: UInt8(i), count: 65536)
-                try store.putPlainChunk(plain, file: file, index: UInt64(i), cipher: cipher)
-            }
+            try store.putTestChunks(file: file, count: count, seed: 0, keys: keys)
             try store.commit()
             try store.pool.writeWithoutTransaction { _ = try $0.checkpoint(.truncate) }  // pages in the file, not the WAL
             var seen = 0
             try store.forEachChunk(file: file, first: 0, last: UInt64(count - 1)) { _, _ in seen += 1 }
             #expect(seen == count, "read before the truncation")
             let before = ChunkReaders.faultsRepaired
-            #expect(truncate(dir + "/store.db", 64 * 1024) == 0)
+            #expect(truncate(path, 64 * 1024) == 0)
             var failed = false
             do {
                 try store.forEachChunk(file: file, first: 0, last: UInt64(count - 1)) { _, _ in }

@@ -7,15 +7,6 @@ import Testing
 
 @Suite("Free pages go back to the disk")
 struct FreePagesTests {
-    /// Writes `count` 64 KiB chunks of `file` (each chunk's bytes derived from `seed` and its index).
-    func writeFile(_ store: EntityStore, _ keys: ContainerKeys, file: UInt64, count: Int, seed: UInt8) throws {
-        let cipher = try keys.fileCipher(contentId: file)
-        for i in 0 ..< count {
-            let plain = [UInt8](repeating: seed &+ UInt8(i & 0xFF), count: 65536)
-            try store.putPlainChunk(plain, file: file, index: UInt64(i), cipher: cipher)
-        }
-    }
-
     func expectFile(_ store: EntityStore, _ keys: ContainerKeys, file: UInt64, count: Int, seed: UInt8) throws {
         let cipher = try keys.fileCipher(contentId: file)
         let chunks = try store.sealedChunks(file: file, first: 0, last: UInt64(count))
@@ -37,8 +28,8 @@ struct FreePagesTests {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
             let big = try EntityStore.newContentId(), kept = try EntityStore.newContentId()
-            try writeFile(store, keys, file: big, count: 512, seed: 1)    // 32 MiB
-            try writeFile(store, keys, file: kept, count: 64, seed: 100)  // 4 MiB, after it in the file
+            try store.putTestChunks(file: big, count: 512, seed: 1, keys: keys)    // 32 MiB
+            try store.putTestChunks(file: kept, count: 64, seed: 100, keys: keys)  // 4 MiB, after it in the file
             try store.commit()
             let before = try store.pageCounts()
             #expect(before.total * store.pageSize > 36 << 20, "\(before)")
@@ -81,14 +72,14 @@ struct FreePagesTests {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
             let file = try EntityStore.newContentId()
-            try writeFile(store, keys, file: file, count: 64, seed: 7)   // 4 MiB: under the 8 MiB margin once freed
+            try store.putTestChunks(file: file, count: 64, seed: 7, keys: keys)   // 4 MiB: under the 8 MiB margin once freed
             try store.commit()
             _ = try store.deleteChunks(file: file)
             try store.commit()
             #expect(try store.pageCounts().free > 200)
             #expect(try store.giveBackFreePages() == 0)
             // 32 MiB more, freed: read-only, nothing moves.
-            try writeFile(store, keys, file: file, count: 512, seed: 7)
+            try store.putTestChunks(file: file, count: 512, seed: 7, keys: keys)
             try store.commit()
             _ = try store.deleteChunks(file: file)
             try store.commit()

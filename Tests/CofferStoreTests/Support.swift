@@ -98,9 +98,13 @@ func makeStore(in dir: String, name: String = "store.db") throws -> (store: Enti
 }
 
 extension EntityStore {
-    /// Seals `plain` as chunk `index` of `file` and puts it (uncommitted).
-    func putPlainChunk(_ plain: [UInt8], file: UInt64, index: UInt64, cipher: AESGCM) throws {
-        try putChunk(file: file, index: index, sealed: try plain.withUnsafeBytes { try sealChunk($0, file: file, index: index, cipher: cipher) })
+    /// Puts (uncommitted) `count` sealed 64 KiB chunks of `file`, chunk i filled with `seed &+ i`.
+    func putTestChunks(file: UInt64, count: Int, seed: UInt8, keys: ContainerKeys) throws {
+        let cipher = try keys.fileCipher(contentId: file)
+        for i in 0 ..< count {
+            let plain = [UInt8](repeating: seed &+ UInt8(i & 0xFF), count: 65536)
+            try putChunk(file: file, index: UInt64(i), sealed: try plain.withUnsafeBytes { try sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+        }
     }
 }
 
