@@ -63,27 +63,9 @@ public final class AESGCM: Sendable {
         try plaintext.withUnsafeBytes { p in try aad.withUnsafeBytes { a in try seal(p, aad: a) } }
     }
 
-    /// Deterministic nonce, for known-answer tests only: returns ciphertext || tag (no nonce prefix).
-    /// Never use a fixed nonce twice with one key in real data.
-    public func sealForTesting(_ plaintext: [UInt8], nonce: [UInt8], aad: [UInt8]) throws -> [UInt8] {
-        guard nonce.count == Self.nonceSize else {
-            throw CryptoError.invalidParameter("nonce must be \(Self.nonceSize) bytes")
-        }
-        let total = plaintext.count + Self.tagSize
-        return try [UInt8](unsafeUninitializedCapacity: total) { buffer, initialized in
-            try plaintext.withUnsafeBytes { p in
-                try aad.withUnsafeBytes { a in
-                    try nonce.withUnsafeBytes { n in
-                        try sealCore(p, aad: a, nonce: n, into: UnsafeMutableRawBufferPointer(buffer))
-                    }
-                }
-            }
-            initialized = total
-        }
-    }
-
-    /// Writes ciphertext || tag into `out` (exactly plaintext.count + 16 bytes).
-    private func sealCore(_ plaintext: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer,
+    /// Writes ciphertext || tag into `out` (exactly plaintext.count + 16 bytes). Internal, not
+    /// private: the known-answer tests seal under the published vectors' fixed nonces through it.
+    func sealCore(_ plaintext: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer,
                           nonce: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws {
         guard let outBase = out.baseAddress?.assumingMemoryBound(to: UInt8.self),
               let iv = nonce.baseAddress?.assumingMemoryBound(to: UInt8.self),

@@ -8,22 +8,30 @@ enum FileIO {
         let tmp = path + ".tmp"
         let fd = Glibc.open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
         guard fd >= 0 else { throw ContainerError.io("\(tmp): \(String(cString: strerror(errno)))") }
-        var ok = data.withUnsafeBytes { buf -> Bool in
-            guard let base = buf.baseAddress else { return true }
+        // errno is read at the call that failed: a later call (fsync, close) would overwrite it.
+        var failure: Int32 = 0
+        data.withUnsafeBytes { buf in
+            guard let base = buf.baseAddress else { return }
             var off = 0
             while off < buf.count {
                 let n = Glibc.write(fd, base + off, buf.count - off)
-                if n < 0 { if errno == EINTR { continue }; return false }
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    failure = errno
+                    return
+                }
                 off += n
             }
-            return true
         }
-        let err = errno
-        ok = ok && fsync(fd) == 0
+        if failure == 0, fsync(fd) != 0 { failure = errno }
         close(fd)
-        guard ok else { unlink(tmp); throw ContainerError.io("\(tmp): \(String(cString: strerror(err)))") }
+        guard failure == 0 else {
+            unlink(tmp)
+            throw ContainerError.io("\(tmp): \(String(cString: strerror(failure)))")
+        }
         guard rename(tmp, path) == 0 else {
-            let e = errno; unlink(tmp)
+            let e = errno
+            unlink(tmp)
             throw ContainerError.io("\(path): \(String(cString: strerror(e)))")
         }
         fsyncDirectory(of: path)

@@ -1,7 +1,7 @@
 import Dispatch
 import Synchronization
 import Testing
-import CofferCrypto
+@testable import CofferCrypto
 
 @Suite struct AESGCMKnownAnswerTests {
     struct Vector: Sendable, CustomStringConvertible {
@@ -175,5 +175,22 @@ import CofferCrypto
             }
         }
         #expect(failures.withLock { $0 } == [])
+    }
+}
+
+extension AESGCM {
+    /// Seals under a given nonce (the vectors' IVs): ciphertext || tag, no nonce prefix. Tests only:
+    /// a fixed nonce used twice with one key gives the key stream away.
+    func sealForTesting(_ plaintext: [UInt8], nonce: [UInt8], aad: [UInt8]) throws -> [UInt8] {
+        guard nonce.count == Self.nonceSize else { throw CryptoError.invalidParameter("nonce must be \(Self.nonceSize) bytes") }
+        let total = plaintext.count + Self.tagSize
+        return try [UInt8](unsafeUninitializedCapacity: total) { buffer, initialized in
+            try plaintext.withUnsafeBytes { p in
+                try aad.withUnsafeBytes { a in
+                    try nonce.withUnsafeBytes { n in try sealCore(p, aad: a, nonce: n, into: UnsafeMutableRawBufferPointer(buffer)) }
+                }
+            }
+            initialized = total
+        }
     }
 }

@@ -64,6 +64,36 @@ struct EntityStoreTests {
         }
     }
 
+    /// SQLite may end the group transaction by itself (a full disk, an I/O error; here RAISE(ROLLBACK)
+    /// from a trigger). Inside a batch, the body's error used to be kept aside, so nobody noticed:
+    /// the filesystem went on as if its changes were still pending, and the next commit would have
+    /// committed half of them. Now every path hears of it.
+    @Test func aTransactionSQLiteDropsInsideABatchIsNoticed() throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(in: dir)
+            defer { store.close() }
+            let rollbacks = Mutex(0)
+            store.onRollback = { rollbacks.withLock { $0 += 1 } }
+            try store.sqlite.writer { db in
+                try db.execute(sql: "CREATE TEMP TRIGGER refuse BEFORE INSERT ON dirents BEGIN SELECT RAISE(ROLLBACK, 'injected'); END")
+            }
+            #expect(throws: StoreError.self) {
+                try store.batch {
+                    try store.putInode(5, sampleInode(size: 1))
+                    try store.putEntry(parent: 1, DirectoryEntryRecord(name: b("doomed"), ino: 5, type: 0o100000))
+                }
+            }
+            #expect(rollbacks.withLock { $0 } == 1, "the dropped transaction is reported")
+            #expect(!store.hasPendingChanges)
+            #expect(try store.inode(5) == nil, "the inode went with the transaction")
+            // The next change starts a new group and commits alone.
+            try store.sqlite.writer { db in try db.execute(sql: "DROP TRIGGER refuse") }
+            try store.batch { try store.putInode(6, sampleInode(size: 2)) }
+            try store.commit()
+            #expect(try store.inode(6)?.size == 2)
+        }
+    }
+
     @Test func chunksSealStoreOpen() throws {
         try withTempDir { dir in
             let (store, keys, _) = try makeStore(in: dir)
@@ -365,7 +395,7 @@ struct EntityStoreTests {
             if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/missing.db", keys: keys) }) {} else {
                 Issue.record("a missing store must be notAStore")
             }
-            FileManager.default.createFile(atPath: dir + "/junk.db", contents: Data(repeating: 0x41, count: 8192))
+            _ = FileManager.default.createFile(atPath: dir + "/junk.db", contents: Data(repeating: 0x41, count: 8192))
             if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/junk.db", keys: keys) }) {} else {
                 Issue.record("a junk file must be notAStore")
             }
