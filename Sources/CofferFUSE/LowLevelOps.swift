@@ -137,6 +137,7 @@ enum LowLevelOps {
         conn.pointee.time_gran = 1
         let granted = conn.pointee.want & UInt32(bitPattern: FUSE_CAP_WRITEBACK_CACHE) != 0
         ctx.writebackGranted.store(granted, ordering: .releasing)
+        ctx.fs.writebackCacheGranted(granted)
         ctx.logger.debug("FUSE init", metadata: [
             "proto": "\(conn.pointee.proto_major).\(conn.pointee.proto_minor)",
             "max_write": "\(conn.pointee.max_write)",
