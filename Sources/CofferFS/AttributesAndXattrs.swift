@@ -27,7 +27,11 @@ extension CofferFileSystem {
             if changes.clearSetID && dropSetID(s) { changed = true }
             if let a = changes.atime { s.record.atime = a.resolved(now); changed = true }
             if let m = changes.mtime { s.record.mtime = m.resolved(now); changed = true }
-            if changed { s.record.ctime = changes.ctime?.stored ?? now }
+            if let ctime = changes.ctime {
+                s.record.ctime = ctime.stored
+            } else if changed && stampsTimes(s) {
+                s.record.ctime = now
+            }
             // Written back with the next group commit (or when the inode leaves memory).
             s.dirty = true
             return attributes(s)
@@ -39,7 +43,9 @@ extension CofferFileSystem {
             let s = try state(ino)
             guard s.isRegular, s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 else { return }
             try checkWritable()
-            if dropSetID(s) { s.record.ctime = .now(); s.dirty = true }
+            guard dropSetID(s) else { return }
+            if stampsTimes(s) { s.record.ctime = .now() }
+            s.dirty = true
         }
     }
 

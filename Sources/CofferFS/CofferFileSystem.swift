@@ -41,6 +41,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     var dying: [InodeNumber: InodeState] = [:]
     /// Forgets received so far: the reaper waits until they stop coming.
     let forgetsSeen = Atomic<UInt64>(0)
+    /// The kernel keeps regular files' mtime and ctime (writeback cache; `writebackCacheGranted`).
+    let kernelKeepsFileTimes = Atomic<Bool>(false)
     /// Set by `startCommitter`: forgets leave the deletes to the committer thread's quiet moments.
     var reapsWhenQuiet = false
     /// The committer thread's last look at `forgetsSeen`.
@@ -331,6 +333,18 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     }
 
     // MARK: Helpers
+
+    public func writebackCacheGranted(_ granted: Bool) {
+        kernelKeepsFileTimes.store(granted, ordering: .releasing)
+    }
+
+    /// Whether a change to this inode's data or size stamps its mtime and ctime here. Not for a regular file
+    /// under the writeback cache: the kernel stamped them when the change was made and sends them (SETATTR),
+    /// and a WRITE of the same data may reach us after that SETATTR. Stamping again then moved the stored
+    /// times a clock tick past the ones the kernel showed, seen only after a remount (issue 15).
+    func stampsTimes(_ s: InodeState) -> Bool {
+        !(s.isRegular && kernelKeepsFileTimes.load(ordering: .acquiring))
+    }
 
     func attributes(_ s: InodeState) -> Attributes {
         let r = s.record

@@ -232,7 +232,7 @@ extension CofferFileSystem {
         let now = StoredTime.now()
         s.record.chunkCount += addedChunks
         s.record.size = max(s.record.size, end)
-        s.record.mtime = now; s.record.ctime = now
+        if stampsTimes(s) { s.record.mtime = now; s.record.ctime = now }
         s.dirty = true
     }
 
@@ -308,8 +308,10 @@ extension CofferFileSystem {
                     }
                 }
                 s.record.size = newSize
-                if newSize != old { s.record.mtime = now }
-                s.record.ctime = now
+                if stampsTimes(s) {
+                    if newSize != old { s.record.mtime = now }
+                    s.record.ctime = now
+                }
                 s.dirty = true
             }
         }
@@ -326,7 +328,10 @@ extension CofferFileSystem {
         if mode == 0, end > s.record.size {
             try s.content.withWriteLock { () throws(FSError) in
                 meta.withLock {
-                    if end > s.record.size { s.record.size = end; s.record.ctime = .now(); s.dirty = true }
+                    guard end > s.record.size else { return }
+                    s.record.size = end
+                    if stampsTimes(s) { s.record.ctime = .now() }
+                    s.dirty = true
                 }
             }
         }

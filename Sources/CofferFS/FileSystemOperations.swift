@@ -64,8 +64,15 @@ public protocol FileSystemOperations: AnyObject, Sendable {
 
     /// Commits everything and stops accepting work (unmount).
     func shutdown()
+
+    /// Called once the kernel has answered INIT, with whether it keeps the writeback cache. With it, the
+    /// kernel owns a regular file's mtime and ctime: it stamps them itself on write(2), mmap writes,
+    /// truncate and fallocate, and sends them in a SETATTR, which may come before the WRITEs of the same
+    /// data (those leave its page cache later, in the background).
+    func writebackCacheGranted(_ granted: Bool)
 }
 
 extension FileSystemOperations {
     public var opensWithoutHandles: Bool { false }
+    public func writebackCacheGranted(_ granted: Bool) {}
 }

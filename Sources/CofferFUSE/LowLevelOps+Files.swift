@@ -1,0 +1,106 @@
+import CFuse3
+import CofferFS
+import Glibc
+
+/// File content: open and create (ENOSYS for a filesystem without handles), read, write, release, fsync, fallocate.
+extension LowLevelOps {
+    /// Open flags as the filesystem should see them. With the writeback cache the kernel may read through a
+    /// write-only handle and handles O_APPEND itself (as libfuse's passthrough_ll does).
+    static func effectiveFlags(_ ctx: FUSEContext, _ flags: Int32) -> Int32 {
+        guard ctx.writebackGranted.load(ordering: .acquiring) else { return flags }
+        var f = flags
+        if f & O_ACCMODE == O_WRONLY { f = (f & ~O_ACCMODE) | O_RDWR }
+        f &= ~O_APPEND
+        return f
+    }
+
+    static func open(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        serve(req) { ctx throws(FSError) in
+            let fi = try given(fi, else: .invalid)
+            // The kernel takes ENOSYS as "opens need no round trip" and sends no OPEN or RELEASE again
+            // (directories: see opendir). It checks permissions itself (default_permissions).
+            if ctx.fs.opensWithoutHandles { throw FSError(ENOSYS) }
+            if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_OPEN_KILL_SUIDGID (O_TRUNC)
+            let result = try ctx.fs.open(ino, flags: effectiveFlags(ctx, fi.pointee.flags), caller: caller(req))
+            fi.pointee.fh = result.handle
+            fi.pointee.keep_cache = result.keepCache ? 1 : 0
+            // Closing needs no round trip: the filesystem's flush does nothing (changes go out
+            // with the group commit; locks are kernel-local).
+            fi.pointee.noflush = 1
+            if fuse_reply_open(req, fi) != 0 {
+                // The kernel gave up on this open (interrupted): it will never release the handle.
+                ctx.fs.release(ino, handle: result.handle)
+            }
+        }
+    }
+
+    static func create(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t,
+                       _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        serve(req) { ctx throws(FSError) in
+            let name = try Self.name(name), fi = try given(fi, else: .invalid)
+            // Without handles a CREATE buys nothing over MKNOD but its RELEASE, a round trip per new file (the
+            // kernel sends one after CREATE until an OPEN has been answered ENOSYS, and `tar -x` never opens).
+            // After ENOSYS here the kernel creates with MKNOD, sends OPEN once (answered ENOSYS) and no
+            // RELEASE; O_EXCL still holds (the kernel marks the file created before its fallback).
+            if ctx.fs.opensWithoutHandles { throw FSError(ENOSYS) }
+            let (attributes, result) = try ctx.fs.create(parent: parent, name: name, mode: mode,
+                                                         flags: effectiveFlags(ctx, fi.pointee.flags),
+                                                         caller: caller(req))
+            fi.pointee.fh = result.handle
+            fi.pointee.keep_cache = result.keepCache ? 1 : 0
+            fi.pointee.noflush = 1
+            var e = ctx.entryParam(attributes)
+            if fuse_reply_create(req, &e, fi) != 0 {
+                ctx.fs.release(attributes.ino, handle: result.handle)
+                ctx.fs.forget(attributes.ino, lookups: 1)
+            }
+        }
+    }
+
+    static func read(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t,
+                     _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        serve(req) { ctx throws(FSError) in
+            let fi = try given(fi, else: .badHandle)
+            guard off >= 0, size >= 0 else { throw .invalid }
+            let data = try ctx.fs.read(ino, handle: fi.pointee.fh, offset: UInt64(off), size: size)
+            data.withUnsafeBytes { raw in
+                _ = fuse_reply_buf(req, raw.baseAddress?.assumingMemoryBound(to: CChar.self), min(raw.count, size))
+            }
+        }
+    }
+
+    static func write(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ buf: UnsafePointer<CChar>?, _ size: Int, _ off: off_t,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        serve(req) { ctx throws(FSError) in
+            let fi = try given(fi, else: .badHandle)
+            guard off >= 0, size >= 0, buf != nil || size == 0 else { throw .invalid }
+            if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_WRITE_KILL_SUIDGID
+            let written = try ctx.fs.write(ino, handle: fi.pointee.fh, offset: UInt64(off),
+                                           data: UnsafeRawBufferPointer(start: buf, count: size))
+            fuse_reply_write(req, max(0, min(written, size)))
+        }
+    }
+
+    static func release(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        if let ctx = context(req), let fi { ctx.fs.release(ino, handle: fi.pointee.fh) }
+        replyOK(req)
+    }
+
+    static func fsync(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ datasync: Int32,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        serve(req) { ctx throws(FSError) in
+            try ctx.fs.fsync(ino, handle: fi.map { $0.pointee.fh }, dataOnly: datasync != 0)
+            replyOK(req)
+        }
+    }
+
+    static func fallocate(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ mode: Int32, _ off: off_t, _ length: off_t,
+                          _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        serve(req) { ctx throws(FSError) in
+            let fi = try given(fi, else: .badHandle)
+            guard off >= 0, length > 0 else { throw .invalid }
+            try ctx.fs.fallocate(ino, handle: fi.pointee.fh, mode: mode, offset: UInt64(off), length: UInt64(length))
+            replyOK(req)
+        }
+    }
+}

@@ -1,0 +1,95 @@
+import CofferTestSupport
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Issue 15, item 7: the container Tests/Fixtures/format-1 was made by the code of its day and is never
+// regenerated. Every later version must mount a copy of it and show exactly what its manifest lists:
+// names, types, modes, owners, sizes, stored blocks, nlink, mtimes to the nanosecond, symlink targets
+// (the absolute one under this mount's path), user.* xattrs, and the content's SHA-256.
+
+@Suite("Format fixture: format-1 through a real mount", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"))
+struct FormatFixtureTests {
+    @Test func format1MountsAndReadsAsItsManifestSays() throws {
+        let sb = try Sandbox("fixture1")
+        defer { sb.cleanup() }
+        try FormatFixture.copyContainer(version: 1, to: sb.container)
+        try E2E.write(sb.passfile, try FormatFixture.password(version: 1) + "\n")
+        let manifest = try FormatFixture.manifest(version: 1)
+        #expect(manifest.format == 1 && manifest.chunkSize == 32768)
+
+        var env = ProcessInfo.processInfo.environment
+        env["COFFER_STATE_DIR"] = sb.root + "/state"
+        let m = E2E.run(E2E.coffer, ["mount", sb.container, sb.mnt, "--passfile", sb.passfile], environment: env)
+        sb.noteDaemon()
+        try #require(m.ok, "the format-1 fixture must mount: \(m)")
+        defer { E2E.run(E2E.coffer, ["unmount", sb.mnt], environment: env) }
+
+        let seen = try Self.walk(sb.mnt)
+        let differences = FormatFixture.differences(expected: manifest.entries, seen: seen)
+        #expect(differences.isEmpty, "the mount differs from the manifest:\n\(differences.joined(separator: "\n"))")
+        // The hard link is one file: both names have the same inode.
+        let a = try #require(E2E.lstatOf(sb.mnt + "/hardlink-a")), b = try #require(E2E.lstatOf(sb.mnt + "/notes/hardlink-b"))
+        #expect(a.st_ino == b.st_ino, "hardlink-a and notes/hardlink-b are different inodes")
+        // The absolute symlink leads to the file under this mountpoint.
+        #expect(E2E.read(sb.mnt + "/notes/deep/link-abs") == E2E.read(sb.mnt + "/hello.txt"))
+
+        let u = E2E.run(E2E.coffer, ["unmount", sb.mnt], environment: env)
+        #expect(u.ok, "unmount: \(u)")
+    }
+
+    /// Every path under `root` (root itself as "."), recorded as the manifest records it.
+    static func walk(_ root: String) throws -> [FormatFixture.Entry] {
+        var entries: [FormatFixture.Entry] = []
+        var pending = ["."]
+        while let rel = pending.popLast() {
+            let path = rel == "." ? root : root + "/" + rel
+            let st = try required(E2E.lstatOf(path), "lstat \(rel)")
+            let kind = st.st_mode & S_IFMT
+            var e = FormatFixture.Entry(
+                path: rel, type: kind == S_IFDIR ? "dir" : kind == S_IFLNK ? "symlink" : kind == S_IFREG ? "file" : "other",
+                mode: st.st_mode, uid: st.st_uid, gid: st.st_gid, size: UInt64(st.st_size),
+                blocks: kind == S_IFREG ? UInt64(st.st_blocks) : nil, nlink: UInt64(st.st_nlink),
+                mtime: (Int64(st.st_mtim.tv_sec), Int64(st.st_mtim.tv_nsec)))
+            switch kind {
+            case S_IFLNK:
+                var target = try FileManager.default.destinationOfSymbolicLink(atPath: path)
+                if target.hasPrefix(root + "/") {
+                    target = FormatFixture.mountpointToken + target.dropFirst(root.count)
+                    e.size = nil
+                }
+                e.target = target
+            case S_IFDIR:
+                e.xattrs = try xattrs(path)
+                let names = try FileManager.default.contentsOfDirectory(atPath: path)
+                pending += names.map { rel == "." ? $0 : rel + "/" + $0 }
+            default:
+                e.xattrs = try xattrs(path)
+                let sum = E2E.run("/usr/bin/sha256sum", ["-b", path])
+                try #require(sum.ok, "\(sum)")
+                e.sha256 = String(sum.stdout.prefix(64))
+            }
+            entries.append(e)
+        }
+        return entries
+    }
+
+    /// user.* attributes, values in hex.
+    static func xattrs(_ path: String) throws -> [String: String] {
+        var names = [CChar](repeating: 0, count: 4096)
+        let n = XattrCalls.llist(path, &names, names.count)
+        try #require(n >= 0, "listxattr \(path): errno \(errno)")
+        var out: [String: String] = [:]
+        for raw in names[0 ..< n].split(separator: 0) {
+            let name = String(decoding: raw.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            var value = [UInt8](repeating: 0, count: 65536)
+            let size = XattrCalls.lget(path, name, &value, value.count)
+            try #require(size >= 0, "getxattr \(path) \(name): errno \(errno)")
+            out[name] = Array(value[0 ..< size]).fixtureHex
+        }
+        return out
+    }
+}
