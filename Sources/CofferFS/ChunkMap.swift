@@ -95,6 +95,24 @@ final class ChunkMap {
         return previous
     }
 
+    /// Records holes at positions `first...last` (a punched range whose chunks were deleted),
+    /// visiting only the pages that can hold a tag, so a huge sparse range costs nothing.
+    func clear(_ first: UInt64, _ last: UInt64, store: EntityStore) throws(StoreError) {
+        var candidates = Set(pages.keys)
+        if storedInline != nil { candidates.insert(0) } else { candidates.formUnion(storedPages.keys) }
+        if let from = droppedFrom { candidates = candidates.filter { $0 < from || pages[$0] != nil } }
+        for p in candidates.sorted() where p >= first / Self.perPage && p <= last / Self.perPage {
+            var tags = try page(p, store: store)
+            let base = p * Self.perPage
+            let lo = Int(max(first, base) - base), hi = Int(min(last, base + Self.perPage - 1) - base)
+            guard lo < tags.count else { continue }
+            for i in lo ... min(hi, tags.count - 1) { tags[i] = .hole }
+            while let lastTag = tags.last, lastTag.isHole { tags.removeLast() }
+            pages[p] = tags
+            dirty.insert(p)
+        }
+    }
+
     /// Forgets every position from `keep` on (truncation deleted their chunks).
     func truncate(keep: UInt64, store: EntityStore) throws(StoreError) {
         let p = keep / Self.perPage

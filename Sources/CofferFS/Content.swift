@@ -316,24 +316,4 @@ extension CofferFileSystem {
             }
         }
     }
-
-    public func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError) {
-        try checkWritable()
-        guard mode == 0 || mode == 1 else { throw .notSupported }  // 1 = FALLOC_FL_KEEP_SIZE
-        let s = try meta.withLock { () throws(FSError) in try state(ino) }
-        guard s.isRegular else { throw .invalid }
-        let (end, overflow) = offset.addingReportingOverflow(length)
-        guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
-        // Space cannot be reserved inside SQLite; growing the size is what callers observe.
-        if mode == 0, end > s.record.size {
-            try s.content.withWriteLock { () throws(FSError) in
-                meta.withLock {
-                    guard end > s.record.size else { return }
-                    s.record.size = end
-                    if stampsTimes(s) { s.record.ctime = .now() }
-                    s.dirty = true
-                }
-            }
-        }
-    }
 }
