@@ -54,6 +54,7 @@ final class RequestReader: Sendable {
 
     /// One request into `buf`, as read(2) returns it. Blocks until one comes (or the device fails).
     func read(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int) -> Int {
+        Self.nameWorkerThread()
         guard spinNanoseconds > 0, wake >= 0 else { return Glibc.read(fd, buf, len) }
         if !madeNonBlocking.load(ordering: .relaxed) {
             _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
@@ -76,6 +77,20 @@ final class RequestReader: Sendable {
             errno = error
             return n
         }
+    }
+
+    /// Worker threads are called `coffer-fuse` (top -H, perf, and the idle-CPU test tell them from
+    /// other threads by it). Named on a thread's first read: a thread-specific flag, no system call after.
+    static let workerThreadName = "coffer-fuse"
+    private static let named: pthread_key_t? = {
+        var key = pthread_key_t()
+        return pthread_key_create(&key, nil) == 0 ? key : nil
+    }()
+
+    private static func nameWorkerThread() {
+        guard let named, pthread_getspecific(named) == nil else { return }
+        coffer_name_this_thread(workerThreadName)
+        _ = pthread_setspecific(named, UnsafeRawPointer(bitPattern: 1))
     }
 
     /// Spins on non-blocking reads (while requests come close together), then sleeps in poll(2) until a
