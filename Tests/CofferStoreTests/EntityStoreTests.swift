@@ -94,6 +94,23 @@ struct EntityStoreTests {
         }
     }
 
+    /// A clean close leaves the store file alone: no WAL, no -shm, no space reserve for a sync tool to
+    /// upload (issue 18). While open they exist; the store reopens from the one file.
+    @Test func aCleanCloseLeavesOnlyTheStoreFile() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            try store.putInode(9, sampleInode(size: 3))
+            try store.commit()
+            let names = { (try? FileManager.default.contentsOfDirectory(atPath: dir).sorted()) ?? [] }
+            #expect(names() == ["coffer.reserve", "store.db", "store.db-shm", "store.db-wal"], "while open")
+            store.close()
+            #expect(names() == ["store.db"])
+            let reopened = try EntityStore.open(at: path, keys: keys, readOnly: true)
+            defer { reopened.close() }
+            #expect(try reopened.inode(9)?.size == 3)
+        }
+    }
+
     @Test func chunksSealStoreOpen() throws {
         try withTempDir { dir in
             let (store, keys, _) = try makeStore(in: dir)

@@ -285,15 +285,24 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         if fd >= 0 { Glibc.close(fd) }
     }
 
-    /// Folds the WAL back into the database file and closes. Later calls do nothing.
+    /// Folds the WAL back into the database file and closes. Later calls do nothing. A store closed
+    /// cleanly leaves only `store.db` (a sync tool then uploads one file): the WAL when it is empty,
+    /// the `-shm` kept for reading a crash's WAL, and the space reserve go.
     public func close() {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         checkpointer?.stop()
         checkpointer = nil
         mappedReaders.closeAll()
         preadReaders.closeAll()
-        if writing { _ = try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) } }
+        var folded = false
+        if writing { folded = (try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) }) != nil }
         try? pool.close()
+        guard writing else { return }
+        reserve?.remove()
+        if folded, walSize() == 0 {
+            unlink(path + "-wal")
+            unlink(path + "-shm")
+        }
     }
 
     /// Bytes on disk of the database and its WAL.

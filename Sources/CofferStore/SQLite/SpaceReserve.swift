@@ -45,6 +45,13 @@ final class SpaceReserve: @unchecked Sendable {
         released = true
     }
 
+    /// Deletes the reserve file (a clean close: it is not needed to open the store).
+    func remove() {
+        pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
+        unlink(path)
+        held = false
+    }
+
     var isHeld: Bool {
         pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
         return held
