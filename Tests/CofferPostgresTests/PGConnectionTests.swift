@@ -69,6 +69,12 @@ import Testing
         #expect(try count(c, t) == 100)
         #expect(c.isAlive)   // the connection left pipeline mode and works
         #expect(try c.pipeline([]).isEmpty)
+        // Prepared statements in a batch and alone: prepared once, then only bound.
+        let again = (200 ..< 210).map { PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(Int64($0)), .bytea([1])], prepared: true) }
+        _ = try c.pipeline(again)
+        try c.execute("INSERT INTO \(t) VALUES ($1, $2)", [.int8(300), .bytea([])], prepared: true)
+        #expect(try c.execute("SELECT count(*) FROM pg_prepared_statements").int64(0, 0) == 1)
+        #expect(try count(c, t) == 111)
     }
 
     @Test func rolledBackTransactionLeavesNothing() throws {

@@ -13,8 +13,11 @@ import Testing
         let t = try pool.withConnection { c in try freshTable(c, "id int8") }
         // Two connections open and idle.
         try pool.withConnection { a in try pool.withConnection { b in _ = try a.execute("SELECT 1"); _ = try b.execute("SELECT 1") } }
+        try pool.withConnection { c in try c.execute("SELECT $1::int8", [.int8(1)], prepared: true) }
         try cluster.restart(mode: mode)
         let start = Date()
+        // The new session has no prepared statements: prepared again, not "does not exist".
+        try pool.withConnection { c in try c.execute("SELECT $1::int8", [.int8(1)], prepared: true) }
         try pool.withConnection { c in try c.execute("INSERT INTO \(t) VALUES (1)") }
         let counts = try pool.withConnection { a in try pool.withConnection { b in [try count(a, t), try count(b, t)] } }
         #expect(counts == [1, 1])
