@@ -4,6 +4,15 @@ import Foundation
 import Testing
 
 @Suite("PostgreSQL connection") struct PGConnectionTests {
+    @Test func missingServerIsAFailureThatSaysWhy() {
+        do {
+            _ = try PostgresCluster(serverBin: "/nonexistent/postgresql/bin")
+            Issue.record("a cluster started without a server")
+        } catch {
+            #expect("\(error)".contains("PostgreSQL is not installed") && "\(error)".contains("make test"))
+        }
+    }
+
     @Test func connectsOverTheSocket() throws {
         let c = try PGConnection(try Shared.cluster().superuserURI)
         #expect(c.serverVersion >= 140000)   // pipeline mode needs 14+

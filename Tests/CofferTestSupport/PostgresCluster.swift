@@ -16,9 +16,10 @@ public final class PostgresCluster: @unchecked Sendable {
     public private(set) var isRunning = false
 
     /// Starts a new cluster and creates `database`. Fails (never skips) when PostgreSQL is missing.
-    public init(settings: [String] = []) throws {
-        guard let bin = Self.serverBin() else {
-            throw TestFailure("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb): these tests need a real server; `make test` installs Debian's postgresql (apt-get install postgresql)")
+    /// `serverBin`: where initdb and pg_ctl are (default: the newest /usr/lib/postgresql/N/bin).
+    public init(settings: [String] = [], serverBin: String? = nil) throws {
+        guard let bin = serverBin ?? Self.serverBin(), FileManager.default.isExecutableFile(atPath: bin + "/initdb") else {
+            throw TestFailure("PostgreSQL is not installed (no \(serverBin ?? "/usr/lib/postgresql/*/bin")/initdb): these tests need a real server; `make test` installs Debian's postgresql (apt-get install postgresql)")
         }
         self.bin = bin
         var template = Array("/tmp/coffer-pg-XXXXXX".utf8CString)
