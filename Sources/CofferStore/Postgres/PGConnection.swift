@@ -95,6 +95,12 @@ public final class PGConnection: @unchecked Sendable {
         return PQstatus(c) == CONNECTION_OK
     }
 
+    /// Ends the session; `isAlive` is false until `reconnect`.
+    public func close() {
+        if let handle { PQfinish(handle) }
+        handle = nil
+    }
+
     /// Whether a transaction is open (or failed and not yet rolled back).
     public var inTransaction: Bool {
         guard let c = handle else { return false }

@@ -75,6 +75,7 @@ public final class PGPool: @unchecked Sendable {   // state behind `condition`
     /// Takes a connection back; one left inside a transaction is rolled back (or dropped if it can't be).
     private func checkin(_ c: PGConnection) {
         if c.inTransaction, c.isAlive { _ = try? c.execute("ROLLBACK") }
+        if c.inTransaction { c.close() }   // reconnected at its next checkout
         condition.lock(); defer { condition.unlock() }
         if closed { opened -= 1 } else { idle.append(c) }
         condition.signal()
