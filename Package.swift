@@ -54,11 +54,13 @@ let package = Package(
 
         // Helpers the test targets share (expectations, seeded generator); only tests depend on it.
         .target(name: "CofferTestSupport", path: "Tests/CofferTestSupport"),
+        // Raw row access for tamper and replay tests, through the engine seam.
+        .target(name: "CofferStoreTestSupport", dependencies: ["CofferStore"], path: "Tests/CofferStoreTestSupport"),
         .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
-        .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport"]),
-        .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto", "CofferTestSupport"]),
+        .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
+        .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
         .testTarget(name: "CofferCheckTests", dependencies: [
-            "CofferCheck", "CofferTestSupport", "CofferFS", "CofferStore", "CofferCrypto",
+            "CofferCheck", "CofferTestSupport", "CofferStoreTestSupport", "CofferFS", "CofferStore", "CofferCrypto",
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "Logging", package: "swift-log"),
         ]),

@@ -33,7 +33,7 @@ public final class Checker {
 
     /// An opened entry and the row it came from.
     struct Entry {
-        let row: EntityStore.EntryRow
+        let row: EntryRow
         let record: DirectoryEntryRecord
     }
 
@@ -49,23 +49,23 @@ public final class Checker {
         // Inodes: each must open bound to its number.
         var records: [UInt64: InodeRecord] = [:]
         var damaged = Set<UInt64>()
-        for row in try store.allInodeRows() {
+        for row in try store.backend.allInodeRows() {
             do { records[row.id] = try store.openInodeRow(row) } catch { damaged.insert(row.id) }
             tick()
         }
         counts.inodes = records.count + damaged.count
-        let orphans = try store.orphanIds()
+        let orphans = Set(try store.backend.orphans())
 
         // Entries: grouped by the directory their parent tag belongs to.
         var owner: [[UInt8]: UInt64] = [:]
-        for id in records.keys { owner[store.entryParentTag(id)] = id }
-        for id in damaged { owner[store.entryParentTag(id)] = id }
-        owner[store.entryParentTag(EntityStore.rootInode)] = EntityStore.rootInode
+        for id in records.keys { owner[store.parentTag(id)] = id }
+        for id in damaged { owner[store.parentTag(id)] = id }
+        owner[store.parentTag(EntityStore.rootInode)] = EntityStore.rootInode
         var groups: [UInt64: [Entry]] = [:]
         var nameHints: [UInt64: [UInt8]] = [:]
         var damagedEntries: [UInt64: Int] = [:]
         var strayGroups: [UInt64?: (count: Int, why: String)] = [:]
-        let entryRows = try store.allEntryRows()
+        let entryRows = try store.backend.allEntryRows()
         counts.entries = entryRows.count
         for row in entryRows {
             tick()
@@ -82,7 +82,7 @@ public final class Checker {
                 strayGroups[nil, default: (0, "")].count += 1
                 continue
             }
-            guard constantTimeEqual(store.entryNameTag(parent: parent, name: record.name), row.tag) else {
+            guard constantTimeEqual(store.nameTag(parent, record.name), row.tag) else {
                 plan.deleteEntries.append((row.parentTag, row.tag))
                 problems.append(Problem(.entryNameMismatch, inode: parent, "an entry of directory \(parent) does not carry the tag of its sealed name",
                                         repair: "drop the entry"))
@@ -166,7 +166,7 @@ public final class Checker {
 
         // Xattrs.
         var xattrOrphans: [UInt64: Int] = [:]
-        let xattrRows = try store.allXattrRows()
+        let xattrRows = try store.backend.allXattrRows()
         counts.xattrs = xattrRows.count
         for row in xattrRows {
             tick()
@@ -174,7 +174,7 @@ public final class Checker {
             guard records[row.inode] != nil else { xattrOrphans[row.inode, default: 0] += 1; continue }
             let ok: Bool
             if let x = try? store.openXattrRow(row) {
-                ok = constantTimeEqual(store.xattrNameTag(inode: row.inode, name: x.name), row.tag)
+                ok = constantTimeEqual(store.xattrTag(row.inode, x.name), row.tag)
             } else { ok = false }
             if !ok {
                 plan.deleteXattrRows.append((row.inode, row.tag))
@@ -189,8 +189,8 @@ public final class Checker {
         }
 
         // Content: every regular file's map and chunks; then rows of no file.
-        var pages: [UInt64: [UInt64: EntityStore.ChunkMapRow]] = [:]
-        let pageRows = try store.allChunkMapRows()
+        var pages: [UInt64: [UInt64: ChunkMapRow]] = [:]
+        let pageRows = try store.backend.allChunkMapRows()
         counts.chunkMapPages = pageRows.count
         for row in pageRows { pages[row.file, default: [:]][row.page] = row; tick() }
         var owned = Set<UInt64>()
@@ -209,7 +209,7 @@ public final class Checker {
             }
         }
         var unowned: [UInt64: (chunks: Int, pages: Int)] = [:]
-        for s in try store.chunkFileSummaries() {
+        for s in try store.backend.chunkFileSummaries() {
             counts.chunks += s.rows
             guard !owned.contains(s.file) else { continue }
             unowned[s.file, default: (0, 0)].chunks = s.rows

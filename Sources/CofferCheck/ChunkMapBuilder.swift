@@ -7,7 +7,7 @@ import CofferStore
 /// survives under a stale version.
 enum ChunkMapBuilder {
     static func write(_ tags: [UInt64: ChunkTag], file: UInt64, store: EntityStore) throws -> ChunkMapRoot {
-        try store.deleteAllChunkMapRows(file: file)
+        try store.backend.deleteAllChunkMapRows(file: file)
         let present = tags.filter { !$0.value.isHole }
         guard let last = present.keys.max() else { return .empty }
         if last < UInt64(ChunkMapRoot.inlineLimit) {
@@ -19,17 +19,8 @@ enum ChunkMapBuilder {
         var refs: [ChunkMapPageRef] = []
         for (page, entries) in byPage.sorted(by: { $0.key < $1.key }) {
             guard let top = entries.keys.max() else { continue }
-            let version = try newVersion()
-            try store.putChunkMapPage(file: file, page: page, version: version, tags: (0 ... top).map { entries[$0] ?? .hole })
-            refs.append(ChunkMapPageRef(page: page, version: version))
+            refs.append(try store.writeChunkMapPage(file: file, page: page, tags: (0 ... top).map { entries[$0] ?? .hole }))
         }
         return .paged(refs)
-    }
-
-    private static func newVersion() throws -> UInt64 {
-        for _ in 0 ..< 4 {
-            if let v = try? Random.uint64(), v != 0 { return v }
-        }
-        throw StoreError.database("random generator failed")
     }
 }

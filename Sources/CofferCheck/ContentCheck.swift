@@ -24,7 +24,7 @@ struct ContentCheck {
         var fix: ContentFix?
     }
 
-    mutating func check(ino: UInt64, record r: InodeRecord, path: String?, pages: [UInt64: EntityStore.ChunkMapRow]) throws -> Outcome {
+    mutating func check(ino: UInt64, record r: InodeRecord, path: String?, pages: [UInt64: ChunkMapRow]) throws -> Outcome {
         var out = Outcome()
         func problem(_ kind: ProblemKind, _ detail: String, _ repair: String) {
             out.problems.append(Problem(kind, path: path, inode: ino, detail, repair: repair))
@@ -80,7 +80,7 @@ struct ContentCheck {
         }
 
         // The rows, in index order, each checked against the map and opened.
-        let cipher = try store.keys.fileCipher(contentId: file)
+        let cipher = try store.contentCipher(contentId: file)
         // Per-file keys do not outlive their file's check.
         defer { cipher.wipe() }
         var kept: [UInt64: ChunkTag] = [:]
@@ -89,11 +89,11 @@ struct ContentCheck {
         var pastEnd: [UInt64] = [], atHole: [UInt64] = [], replaced: [UInt64] = [], broken: [UInt64] = []
         var adopted = 0
         var scratch = self.scratch
-        try store.forEachChunkRow(file: file) { idx, sealed in
+        try store.backend.forEachChunkRow(file: file) { idx, sealed in
             tick()
             guard idx < end else { pastEnd.append(idx); drop.append(idx); return }
             let opens = scratch.withUnsafeMutableBytes { buffer in
-                (try? store.openChunk(sealed, file: file, index: idx, cipher: cipher, into: buffer)) != nil
+                (try? cipher.open(sealed, index: idx, into: buffer)) != nil
             }
             if lostPages.contains(idx / Self.perPage) {
                 if opens, let tag = ChunkTag(sealed: sealed) { kept[idx] = tag; adopted += 1 } else { broken.append(idx); drop.append(idx); lost.append(idx) }

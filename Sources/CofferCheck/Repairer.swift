@@ -19,7 +19,7 @@ public enum Repairer {
         var extraLinks: [UInt64: UInt32] = [:]
         var links = plan.links
 
-        for e in plan.deleteEntries { try store.deleteEntryRow(parentTag: e.parentTag, tag: e.tag) }
+        for e in plan.deleteEntries { try store.backend.deleteEntry(parentTag: e.parentTag, tag: e.tag) }
         if !plan.deleteEntries.isEmpty { summary.actions.append("dropped \(plan.deleteEntries.count) directory entr\(plan.deleteEntries.count == 1 ? "y" : "ies")") }
         for e in plan.rewriteEntries { try store.putEntry(parent: e.parent, e.record) }
         if !plan.rewriteEntries.isEmpty { summary.actions.append("rewrote \(plan.rewriteEntries.count) entr\(plan.rewriteEntries.count == 1 ? "y" : "ies") with their inode's type") }
@@ -32,19 +32,19 @@ public enum Repairer {
             changed.insert(EntityStore.rootInode)
             summary.actions.append("put a fresh root directory in place of the damaged one")
         }
-        for x in plan.deleteXattrRows { try store.deleteXattrRow(inode: x.inode, tag: x.tag) }
+        for x in plan.deleteXattrRows { _ = try store.backend.deleteXattr(inode: x.inode, tag: x.tag) }
         if !plan.deleteXattrRows.isEmpty { summary.actions.append("dropped \(plan.deleteXattrRows.count) damaged extended attribute(s)") }
         for ino in plan.deleteXattrsOf { try store.deleteXattrs(ino) }
         if !plan.deleteXattrsOf.isEmpty { summary.actions.append("dropped the extended attributes of \(plan.deleteXattrsOf.count) missing inode(s)") }
         for file in plan.deleteContent {
-            try store.deleteAllChunkRows(file: file)
-            try store.deleteAllChunkMapRows(file: file)
+            try store.backend.deleteAllChunkRows(file: file)
+            try store.backend.deleteAllChunkMapRows(file: file)
         }
         if !plan.deleteContent.isEmpty { summary.actions.append("dropped the chunks and map pages of \(plan.deleteContent.count) content id(s) no inode owns") }
 
         for (ino, fix) in plan.contentFixes.sorted(by: { $0.key < $1.key }) {
             guard var r = records[ino] else { continue }
-            for idx in fix.deleteRows { try store.deleteChunkRow(file: fix.file, index: idx) }
+            for idx in fix.deleteRows { try store.backend.deleteChunkRow(file: fix.file, index: idx) }
             r.chunkMap = try ChunkMapBuilder.write(fix.tags, file: fix.file, store: store)
             r.chunkCount = UInt64(fix.tags.count)
             records[ino] = r

@@ -58,13 +58,6 @@ final class ChunkMap {
         return tags
     }
 
-    /// The tag recorded for one position (`.hole` for holes and positions past the map).
-    func tag(at index: UInt64, store: EntityStore) throws(StoreError) -> ChunkTag {
-        let tags = try page(index / Self.perPage, store: store)
-        let i = Int(index % Self.perPage)
-        return i < tags.count ? tags[i] : .hole
-    }
-
     /// The tags of positions `first...last`, in order.
     func tags(_ first: UInt64, _ last: UInt64, store: EntityStore) throws(StoreError) -> [ChunkTag] {
         var out: [ChunkTag] = []
@@ -83,19 +76,23 @@ final class ChunkMap {
         return out
     }
 
-    /// Records the tag now stored at a position (`.hole` when its chunk was deleted).
-    func set(_ index: UInt64, _ tag: ChunkTag, store: EntityStore) throws(StoreError) {
+    /// Records the tag now stored at a position (`.hole` when its chunk was deleted); returns the
+    /// tag it replaces.
+    @discardableResult
+    func set(_ index: UInt64, _ tag: ChunkTag, store: EntityStore) throws(StoreError) -> ChunkTag {
         let p = index / Self.perPage
         var tags = try page(p, store: store)
         let i = Int(index % Self.perPage)
         if i >= tags.count {
-            if tag.isHole { return }
+            if tag.isHole { return .hole }
             tags.append(contentsOf: repeatElement(.hole, count: i + 1 - tags.count))
         }
+        let previous = tags[i]
         tags[i] = tag
         while let lastTag = tags.last, lastTag.isHole { tags.removeLast() }
         pages[p] = tags
         dirty.insert(p)
+        return previous
     }
 
     /// Forgets every position from `keep` on (truncation deleted their chunks).
@@ -139,9 +136,7 @@ final class ChunkMap {
                     if kept[p] != nil { try store.deleteChunkMapPage(file: file, page: p) }
                     kept[p] = nil
                 } else {
-                    let version = try Self.newVersion()
-                    try store.putChunkMapPage(file: file, page: p, version: version, tags: tags)
-                    kept[p] = version
+                    kept[p] = try store.writeChunkMapPage(file: file, page: p, tags: tags).version
                 }
             }
             root = .paged(kept.sorted { $0.key < $1.key }.map { ChunkMapPageRef(page: $0.key, version: $0.value) })
@@ -151,13 +146,5 @@ final class ChunkMap {
         droppedFrom = nil
         if pages.count > Self.cachedPages { pages.removeAll() }
         return root
-    }
-
-    private static func newVersion() throws(StoreError) -> UInt64 {
-        for _ in 0 ..< 4 {
-            guard let v = try? Random.uint64() else { break }
-            if v != 0 { return v }
-        }
-        throw .database("random generator failed")
     }
 }

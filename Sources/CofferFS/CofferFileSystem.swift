@@ -28,7 +28,6 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     }
 
     let store: EntityStore
-    let keys: ContainerKeys
     let chunkSize: Int
     let options: Options
     let logger: Logger
@@ -66,7 +65,6 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Opens the filesystem over an open store. Orphans left by a crash are removed first.
     public init(store: EntityStore, chunkSize: Int, options: Options, statfsPath: String, logger: Logger) throws(FSError) {
         self.store = store
-        self.keys = store.keys
         self.chunkSize = chunkSize
         self.options = options
         self.logger = logger

@@ -87,7 +87,7 @@ extension CofferFileSystem {
     struct FileContent {
         let ino: InodeNumber
         let id: UInt64
-        let cipher: AESGCM
+        let cipher: ContentCipher
         let first: UInt64
         let tags: [ChunkTag]
     }
@@ -95,7 +95,7 @@ extension CofferFileSystem {
     func fileContent(_ s: InodeState, offset: UInt64, count: Int) throws(FSError) -> FileContent {
         let cs = UInt64(chunkSize)
         let first = offset / cs, last = (offset + UInt64(max(count, 1)) - 1) / cs
-        let cipher = try s.cipher(keys)
+        let cipher = try s.cipher(store)
         do {
             return FileContent(ino: s.ino, id: s.record.contentId, cipher: cipher, first: first,
                                tags: try s.chunkMap.tags(first, last, store: store))
@@ -127,11 +127,11 @@ extension CofferFileSystem {
                     let start = index * cs
                     if start >= offset && start + cs <= end {
                         let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(start - offset) ..< Int(start - offset + cs)])
-                        _ = try store.openChunk(sealed, file: c.id, index: index, cipher: c.cipher, into: dst)
+                        _ = try c.cipher.open(sealed, index: index, into: dst)
                         return
                     }
                     if scratch.isEmpty { scratch = [UInt8](repeating: 0, count: Int(cs)) }
-                    let n = try scratch.withUnsafeMutableBytes { try store.openChunk(sealed, file: c.id, index: index, cipher: c.cipher, into: $0) }
+                    let n = try scratch.withUnsafeMutableBytes { try c.cipher.open(sealed, index: index, into: $0) }
                     let from = max(offset, start), to = min(end, start + UInt64(n))
                     guard from < to else { return }
                     scratch.withUnsafeBytes { src in
@@ -201,21 +201,29 @@ extension CofferFileSystem {
                 // Rows, map and size change together under `meta`, so no group commit sees one without
                 // the others (a crash then leaves a file whose map names exactly its stored chunks).
                 try meta.withLock { () throws(FSError) in
-                    var added: UInt64 = 0
-                    do {
-                        try store.putChunks(file: content.id, sealed)
-                        for c in sealed {
-                            guard let tag = ChunkTag(sealed: c.sealed) else { throw FSError.io }
-                            if content.tags[Int(c.index - content.first)].isHole { added += 1 }
-                            try s.chunkMap.set(c.index, tag, store: store)
-                        }
-                    } catch { throw fsError(error, "inode \(s.ino)") }
+                    let added = try storeChunks(s, sealed)
                     recordWrite(s, end: start + UInt64(data.count), addedChunks: added)
                 }
             }
         }
         try commitIfDue()
         return data.count
+    }
+
+    /// The one way sealed chunks reach the store: their rows, then their tags into the file's chunk
+    /// map. Returns how many of the positions were holes (the stored chunk count grows by that).
+    /// Call under `meta`: rows, map and size change together, so no group commit sees one without
+    /// the others (a crash then leaves a file whose map names exactly its stored chunks).
+    func storeChunks(_ s: InodeState, _ sealed: [(index: UInt64, sealed: [UInt8])]) throws(FSError) -> UInt64 {
+        var added: UInt64 = 0
+        do {
+            try store.putChunks(file: s.record.contentId, sealed)
+            for c in sealed {
+                guard let tag = ChunkTag(sealed: c.sealed) else { throw FSError.io }
+                if try s.chunkMap.set(c.index, tag, store: store).isHole { added += 1 }
+            }
+        } catch { throw fsError(error, "inode \(s.ino)") }
+        return added
     }
 
     /// What a write changes in the record: size, times, stored chunk count. Set-id bits are the kernel's call
@@ -251,7 +259,7 @@ extension CofferFileSystem {
             do {
                 if from == start && to == start + cs {
                     let slice = UnsafeRawBufferPointer(rebasing: data[srcOffset ..< srcOffset + Int(cs)])
-                    sealed.append((index, try store.sealChunk(slice, file: c.id, index: index, cipher: c.cipher)))
+                    sealed.append((index, try c.cipher.seal(slice, index: index)))
                 } else {
                     var plain = existing[index] ?? []
                     let needed = Int(to - start)
@@ -260,7 +268,7 @@ extension CofferFileSystem {
                         let dst = UnsafeMutableRawBufferPointer(rebasing: p[Int(from - start) ..< Int(to - start)])
                         dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: data[srcOffset ..< srcOffset + Int(to - from)]))
                     }
-                    sealed.append((index, try plain.withUnsafeBytes { try store.sealChunk($0, file: c.id, index: index, cipher: c.cipher) }))
+                    sealed.append((index, try c.cipher.seal(plain, index: index)))
                 }
             } catch { throw fsError(error) }
         }
@@ -293,12 +301,9 @@ extension CofferFileSystem {
                         let c = try fileContent(s, offset: index * cs, count: Int(tail))
                         if !c.tags[0].isHole {
                             let bytes = try readRange(c, offset: index * cs, count: Int(tail))
-                            do {
-                                let sealed = try bytes.withUnsafeBytes { try store.sealChunk($0, file: c.id, index: index, cipher: c.cipher) }
-                                try store.putChunk(file: c.id, index: index, sealed: sealed)
-                                guard let tag = ChunkTag(sealed: sealed) else { throw FSError.io }
-                                try s.chunkMap.set(index, tag, store: store)
-                            } catch { throw fsError(error, "inode \(s.ino)") }
+                            let sealed: [UInt8]
+                            do { sealed = try c.cipher.seal(bytes, index: index) } catch { throw fsError(error, "inode \(s.ino)") }
+                            _ = try storeChunks(s, [(index, sealed)])
                         }
                     }
                 }

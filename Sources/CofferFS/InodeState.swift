@@ -26,7 +26,7 @@ final class InodeState: @unchecked Sendable {
     var location: (parent: InodeNumber, name: [UInt8])?
     /// The last chunk while it is being appended to (see TailChunk).
     var tail: TailChunk?
-    private var cachedCipher: AESGCM?
+    private var cachedCipher: ContentCipher?
     private var loadedChunkMap: ChunkMap?
 
     init(ino: InodeNumber, record: InodeRecord) { self.ino = ino; self.record = record }
@@ -37,9 +37,9 @@ final class InodeState: @unchecked Sendable {
     var isSymlink: Bool { fileType == UInt32(S_IFLNK) }
 
     /// The per-file content cipher, derived once per inode while it is in memory. Call under the meta lock.
-    func cipher(_ keys: ContainerKeys) throws(FSError) -> AESGCM {
+    func cipher(_ store: EntityStore) throws(FSError) -> ContentCipher {
         if let c = cachedCipher { return c }
-        guard let c = try? keys.fileCipher(contentId: record.contentId) else { throw .io }
+        guard let c = try? store.contentCipher(contentId: record.contentId) else { throw .io }
         cachedCipher = c
         return c
     }

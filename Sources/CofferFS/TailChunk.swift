@@ -1,7 +1,7 @@
 import CofferStore
 
-/// A file's last chunk, partly written, kept in plaintext until the file is closed, read there,
-/// truncated, written elsewhere, or the group commits. Small appends (tar writes 10 KiB records)
+/// A file's last chunk, partly written, kept in plaintext until it is read there, truncated, written
+/// elsewhere, or the group commits (or the kernel forgets the file). Small appends (tar writes 10 KiB records)
 /// then cost one seal and one row write per chunk instead of a read-modify-write per record.
 /// Guarded by `meta`, like the rest of `InodeState`; changed only with the content lock held.
 struct TailChunk {
@@ -28,15 +28,12 @@ extension CofferFileSystem {
     }
 
     /// Seals and stores the tail buffer, if any, and records it in the chunk map. Call under `meta`.
+    /// A new chunk was counted when the tail started (`recordWrite`), so the count is not added again.
     func flushTail(_ s: InodeState) throws(FSError) {
         guard let tail = s.tail else { return }
-        do {
-            let cipher = try s.cipher(keys)
-            let sealed = try tail.bytes.withUnsafeBytes { try store.sealChunk($0, file: s.record.contentId, index: tail.index, cipher: cipher) }
-            guard let tag = ChunkTag(sealed: sealed) else { throw FSError.io }
-            try store.putChunk(file: s.record.contentId, index: tail.index, sealed: sealed)
-            try s.chunkMap.set(tail.index, tag, store: store)
-        } catch { throw fsError(error, "inode \(s.ino)") }
+        let sealed: [UInt8]
+        do { sealed = try s.cipher(store).seal(tail.bytes, index: tail.index) } catch { throw fsError(error, "inode \(s.ino)") }
+        _ = try storeChunks(s, [(tail.index, sealed)])
         s.tail = nil
     }
 }

@@ -162,7 +162,7 @@ public final class Container: @unchecked Sendable {
             var header = ContainerHeader(
                 format: ContainerHeader.formatName, version: ContainerHeader.currentVersion,
                 containerId: id.hexString, cipher: ContainerHeader.supportedCipher, chunkSize: options.chunkSize,
-                store: ContainerPathTransformer.storeString(root + "/" + EntityStore.fileName, root: root),
+                store: ContainerPathTransformer.storeString(root + "/" + SQLiteBackend.fileName, root: root),
                 features: [], slots: [], mac: "")
             let container = Container(root: root, header: header)
             container.header.slots.append(try container.makeSlot(kind: .password, secret: password, kdf: options.kdf, master: master, label: "password"))

@@ -16,7 +16,7 @@ public struct EntitySealer: Sendable {
     public func seal<T: EntityTransformer>(_ transformer: T, _ value: T.Value, id: [UInt8], cipher: AESGCM) throws(StoreError) -> [UInt8] {
         guard registry.transformerName(for: T.kind) == T.name else { throw .unknownTransformer(kind: T.kind.name, transformer: T.name) }
         do { return try cipher.seal(transformer.encode(value), aad: Self.associatedData(kind: T.kind, id: id)) } catch {
-            throw .database("sealing failed: \(error)")
+            throw .sealingFailed("\(error)")
         }
     }
 

@@ -10,6 +10,10 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case notAStore(String)
     case wrongContainer
     case database(String)
+    /// Sealing or deriving a key failed (the crypto library refused): nothing was written.
+    case sealingFailed(String)
+    /// The random generator failed: no id, nonce or version could be drawn.
+    case randomFailed
     case diskFull
     case readOnly
 
@@ -24,6 +28,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .notAStore(let why): return "not a Coffer entity store: \(why)"
         case .wrongContainer: return "the entity store belongs to another container (refusing to open)"
         case .database(let why): return "store database error: \(why)"
+        case .sealingFailed(let why): return "sealing failed: \(why)"
+        case .randomFailed: return "the random generator failed"
         case .diskFull: return "no space left on the container's disk"
         case .readOnly: return "the store is open read-only"
         }

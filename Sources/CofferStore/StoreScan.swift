@@ -1,142 +1,15 @@
-import Foundation
-import GRDB
-import GRDBSQLite
-
-/// Whole-table enumerations and single-row deletes for `coffer fsck`, which must look at every row,
-/// including rows no lookup would reach (stray entries, chunks of no file). Columns are read with
-/// SQLite's C accessors, which coerce whatever a hostile store holds instead of trapping.
+/// Opening the rows of a whole-store scan (`StoreBackend`'s scan API) as the lookups do, for
+/// `coffer fsck`: the same keys, ids and transformers, so a row that opens here opens in the mount.
 extension EntityStore {
-    public struct InodeRow: Sendable { public let id: UInt64; public let sealed: [UInt8] }
-    public struct EntryRow: Sendable { public let parentTag: [UInt8]; public let tag: [UInt8]; public let sealed: [UInt8] }
-    public struct XattrRow: Sendable { public let inode: UInt64; public let tag: [UInt8]; public let sealed: [UInt8] }
-    public struct ChunkMapRow: Sendable { public let file: UInt64; public let page: UInt64; public let sealed: [UInt8] }
-    /// The chunk rows of one content id: how many and the highest index (as stored, signed).
-    public struct ChunkFileSummary: Sendable { public let file: UInt64; public let rows: Int; public let maxIndex: Int64 }
-
-    public func allInodeRows() throws(StoreError) -> [InodeRow] {
-        try scan("SELECT id, value FROM inodes") { s in InodeRow(id: Self.u64(s, 0), sealed: Self.blob(s, 1)) }
-    }
-
-    public func allEntryRows() throws(StoreError) -> [EntryRow] {
-        try scan("SELECT parent, tag, value FROM dirents") { s in
-            EntryRow(parentTag: Self.blob(s, 0), tag: Self.blob(s, 1), sealed: Self.blob(s, 2))
-        }
-    }
-
-    public func allXattrRows() throws(StoreError) -> [XattrRow] {
-        try scan("SELECT inode, tag, value FROM xattrs") { s in XattrRow(inode: Self.u64(s, 0), tag: Self.blob(s, 1), sealed: Self.blob(s, 2)) }
-    }
-
-    public func allChunkMapRows() throws(StoreError) -> [ChunkMapRow] {
-        try scan("SELECT file, page, value FROM chunkmaps") { s in ChunkMapRow(file: Self.u64(s, 0), page: Self.u64(s, 1), sealed: Self.blob(s, 2)) }
-    }
-
-    /// One row per content id that has chunk rows (no values are read).
-    public func chunkFileSummaries() throws(StoreError) -> [ChunkFileSummary] {
-        try scan("SELECT file, count(*), max(idx) FROM chunks GROUP BY file") { s in
-            ChunkFileSummary(file: Self.u64(s, 0), rows: Int(sqlite3_column_int64(s, 1)), maxIndex: sqlite3_column_int64(s, 2))
-        }
-    }
-
-    /// Calls `body` with every chunk row of a file (any index, also negative ones of a hostile store,
-    /// which come as their bit pattern) and its sealed bytes, valid only during the call.
-    public func forEachChunkRow(file: UInt64, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
-        try writer { db in
-            // The statement object owns the SQLite statement: keep it alive while stepping.
-            let statement = try db.makeStatement(sql: "SELECT idx, value FROM chunks WHERE file = ? ORDER BY idx")
-            try withExtendedLifetime(statement) {
-                let stmt = statement.sqliteStatement
-                sqlite3_bind_int64(stmt, 1, Int64(bitPattern: file))
-                try RawSQLite.forEachRow(stmt, body)
-            }
-        }
-    }
-
-    public func orphanIds() throws(StoreError) -> Set<UInt64> {
-        Set(try scan("SELECT id FROM orphans") { s in Self.u64(s, 0) })
-    }
-
-    // MARK: Opening rows as the lookups do
-
-    public func openInodeRow(_ row: InodeRow) throws(StoreError) -> InodeRecord {
-        try sealer.open(InodeTransformer(), row.sealed, id: row.id.bigEndianBytes, cipher: keys.metadata, describe: "inode \(row.id)")
-    }
+    public func openInodeRow(_ row: InodeRow) throws(StoreError) -> InodeRecord { try openInode(id: row.id, row.sealed) }
 
     public func openEntryRow(_ row: EntryRow) throws(StoreError) -> DirectoryEntryRecord {
-        try sealer.open(DirectoryEntryTransformer(), row.sealed, id: row.parentTag + row.tag, cipher: keys.metadata, describe: "directory entry")
+        try openEntry(row.parentTag + row.tag, row.sealed, describe: "directory entry")
     }
 
-    public func openXattrRow(_ row: XattrRow) throws(StoreError) -> ExtendedAttributeRecord {
-        try sealer.open(ExtendedAttributeTransformer(), row.sealed, id: row.inode.bigEndianBytes + row.tag, cipher: keys.metadata,
-                        describe: "xattr of inode \(row.inode)")
-    }
+    public func openXattrRow(_ row: XattrRow) throws(StoreError) -> ExtendedAttributeRecord { try openXattr(row) }
 
     public func openChunkMapRow(_ row: ChunkMapRow, version: UInt64) throws(StoreError) -> [ChunkTag] {
-        try sealer.open(ChunkMapPageTransformer(), row.sealed, id: ChunkMapPageTransformer.id(file: row.file, page: row.page, version: version),
-                        cipher: keys.metadata, describe: "chunk map page \(row.page) of content \(row.file)")
-    }
-
-    /// The keyed tags that name entries and xattrs (docs/FORMAT.md).
-    public func entryParentTag(_ parent: UInt64) -> [UInt8] { parentTag(parent) }
-    public func entryNameTag(parent: UInt64, name: [UInt8]) -> [UInt8] { nameTag(parent, name) }
-    public func xattrNameTag(inode: UInt64, name: [UInt8]) -> [UInt8] { xattrTag(inode, name) }
-
-    // MARK: Deleting single rows (repair)
-
-    public func deleteEntryRow(parentTag: [UInt8], tag: [UInt8]) throws(StoreError) {
-        try write { db in
-            try db.execute(sql: "DELETE FROM dirents WHERE parent = ? AND tag = ?", arguments: [Data(parentTag), Data(tag)])
-        }
-    }
-
-    public func deleteChunkRow(file: UInt64, index: UInt64) throws(StoreError) {
-        try write(file: file) { db in
-            try db.execute(sql: "DELETE FROM chunks WHERE file = ? AND idx = ?", arguments: [Int64(bitPattern: file), Int64(bitPattern: index)])
-        }
-    }
-
-    /// Deletes every chunk row of a file, negative indices of a hostile store included.
-    public func deleteAllChunkRows(file: UInt64) throws(StoreError) {
-        try write(file: file) { db in try db.execute(sql: "DELETE FROM chunks WHERE file = ?", arguments: [Int64(bitPattern: file)]) }
-    }
-
-    public func deleteXattrRow(inode: UInt64, tag: [UInt8]) throws(StoreError) {
-        try write { db in
-            try db.execute(sql: "DELETE FROM xattrs WHERE inode = ? AND tag = ?", arguments: [Int64(bitPattern: inode), Data(tag)])
-        }
-    }
-
-    /// Deletes every map page row of a file, whatever its page number.
-    public func deleteAllChunkMapRows(file: UInt64) throws(StoreError) {
-        try write { db in try db.execute(sql: "DELETE FROM chunkmaps WHERE file = ?", arguments: [Int64(bitPattern: file)]) }
-    }
-
-    // MARK: Plumbing
-
-    private func scan<T>(_ sql: String, _ row: (OpaquePointer) -> T) throws(StoreError) -> [T] {
-        try writer { db in
-            let statement = try db.makeStatement(sql: sql)
-            return try withExtendedLifetime(statement) {
-                let stmt = statement.sqliteStatement
-                var out: [T] = []
-                while true {
-                    let rc = sqlite3_step(stmt)
-                    if rc == SQLITE_DONE { break }
-                    guard rc == SQLITE_ROW else { throw StoreError.from(code: rc, stmt) }
-                    out.append(row(stmt))
-                }
-                return out
-            }
-        }
-    }
-
-    private static func u64(_ s: OpaquePointer, _ column: Int32) -> UInt64 { UInt64(bitPattern: sqlite3_column_int64(s, column)) }
-
-    private static func blob(_ s: OpaquePointer, _ column: Int32) -> [UInt8] {
-        // blob before bytes: the length is only right once the value is in blob form.
-        guard let p = sqlite3_column_blob(s, column) else { return [] }
-        let n = Int(sqlite3_column_bytes(s, column))
-        guard n > 0 else { return [] }
-        return Array(UnsafeRawBufferPointer(start: p, count: n))
+        try openChunkMapPage(row, version: version)
     }
 }

@@ -6,6 +6,7 @@ import Testing
 @testable import CofferCheck
 @testable import CofferFS
 @testable import CofferStore
+import CofferStoreTestSupport
 
 /// Each damage is reported with its kind and path, the repair fixes it (a second check is clean),
 /// and what was not damaged reads back byte for byte.
@@ -106,7 +107,7 @@ import Testing
         try fx.file("keep.txt", in: docs, b("kept"))
         fx.unmount()
         try fx.edit { s in
-            let row = try required(try s.allInodeRows().first { $0.id == victim })
+            let row = try required(try s.backend.allInodeRows().first { $0.id == victim })
             try s.flip(table: "inodes", value: row.sealed, where: "id = \(Int64(bitPattern: victim))")
         }
 
@@ -132,8 +133,8 @@ import Testing
         try fx.file("b.txt", in: docs, b("bee"))
         fx.unmount()
         try fx.edit { s in
-            let tag = s.entryNameTag(parent: docs, name: b("a.bin"))
-            let row = try required(try s.allEntryRows().first { $0.tag == tag })
+            let tag = s.nameTag(docs, b("a.bin"))
+            let row = try required(try s.backend.allEntryRows().first { $0.tag == tag })
             try s.flip(table: "dirents", value: row.sealed, where: "tag = X'\(tag.hex)'")
         }
 
@@ -162,7 +163,7 @@ import Testing
         let ino = try fx.file("big.bin", big)
         fx.unmount()
         try fx.edit { s in
-            let row = try required(try s.allChunkMapRows().first)
+            let row = try required(try s.backend.allChunkMapRows().first)
             try s.flip(table: "chunkmaps", value: row.sealed, where: "file = \(Int64(bitPattern: row.file)) AND page = 0")
         }
 
@@ -182,8 +183,8 @@ import Testing
         fx.unmount()
         try fx.edit { s in
             let file = try required(try s.inode(ino)?.contentId)
-            let cipher = try s.keys.fileCipher(contentId: file)
-            let sealed = try b("stale").withUnsafeBytes { try s.sealChunk($0, file: file, index: 50, cipher: cipher) }
+            let cipher = try s.contentCipher(contentId: file)
+            let sealed = try cipher.seal(b("stale"), index: 50)
             try s.putChunk(file: file, index: 50, sealed: sealed)
         }
 
@@ -291,10 +292,10 @@ import Testing
         let before = try fx.check().counts.chunks
         try fx.edit { s in
             let file: UInt64 = 0x0abc_def1
-            let cipher = try s.keys.fileCipher(contentId: file)
-            let sealed = try b("nobody's").withUnsafeBytes { try s.sealChunk($0, file: file, index: 0, cipher: cipher) }
+            let cipher = try s.contentCipher(contentId: file)
+            let sealed = try cipher.seal(b("nobody's"), index: 0)
             try s.putChunk(file: file, index: 0, sealed: sealed)
-            try s.putChunkMapPage(file: file, page: 0, version: 7, tags: [])
+            _ = try s.writeChunkMapPage(file: file, page: 0, tags: [])
         }
 
         let r = try fx.check()
@@ -313,8 +314,8 @@ import Testing
         try fx.mounted.setxattr(f, name: b("user.b"), value: b("2"), flags: 0)
         fx.unmount()
         try fx.edit { s in
-            let tag = s.xattrNameTag(inode: f, name: b("user.a"))
-            let row = try required(try s.allXattrRows().first { $0.tag == tag })
+            let tag = s.xattrTag(f, b("user.a"))
+            let row = try required(try s.backend.allXattrRows().first { $0.tag == tag })
             try s.flip(table: "xattrs", value: row.sealed, where: "tag = X'\(tag.hex)'")
         }
 
@@ -332,7 +333,7 @@ import Testing
         try fx.file("f.txt", b("data"))
         fx.unmount()
         try fx.edit { s in
-            let row = try required(try s.allInodeRows().first { $0.id == rootIno })
+            let row = try required(try s.backend.allInodeRows().first { $0.id == rootIno })
             try s.flip(table: "inodes", value: row.sealed, where: "id = 1")
         }
 

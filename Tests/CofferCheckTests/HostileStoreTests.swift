@@ -6,6 +6,7 @@ import Testing
 @testable import CofferCheck
 @testable import CofferFS
 @testable import CofferStore
+import CofferStoreTestSupport
 
 /// Seeded random damage to every table (flipped bytes, deleted, cut, copied and swapped rows): the
 /// check never throws or traps, the repair leaves a store a second check finds clean, and every file
@@ -65,7 +66,7 @@ func damage(_ s: EntityStore, _ g: inout SplitMix64) throws -> String {
     let op = Int(g.next() % 5)
     var rng = g
     defer { g = rng }
-    return try s.write { db -> String in
+    return try s.sqlite.write { db -> String in
         let n = try Int.fetchOne(db, sql: "SELECT count(*) FROM \(table)") ?? 0
         guard n > 0 else { return "\(table): empty" }
         let columns = keys.joined(separator: ", ") + ", value"

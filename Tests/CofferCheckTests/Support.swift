@@ -22,7 +22,7 @@ final class CheckFixture {
     let keys: ContainerKeys
     let chunkSize: Int
     private(set) var fs: CofferFileSystem?
-    var storePath: String { dir + "/" + EntityStore.fileName }
+    var storePath: String { dir + "/" + SQLiteBackend.fileName }
 
     convenience init(chunkSize: Int = 4096) throws {
         try self.init(chunkSize: chunkSize, keys: try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16)))
@@ -141,7 +141,7 @@ final class CheckFixture {
 extension EntityStore {
     /// Runs raw SQL inside the group transaction (tests only: the damage an attacker makes).
     func execute(_ sql: String, _ arguments: StatementArguments = StatementArguments()) throws {
-        try write { db in try db.execute(sql: sql, arguments: arguments) }
+        try sqlite.write { db in try db.execute(sql: sql, arguments: arguments) }
     }
 
     /// Flips one byte of a sealed value in place.

@@ -4,6 +4,7 @@ import CofferTestSupport
 import Testing
 @testable import CofferFS
 @testable import CofferStore
+import CofferStoreTestSupport
 
 @Suite("File content")
 struct ContentTests {

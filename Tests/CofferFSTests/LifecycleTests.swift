@@ -4,6 +4,7 @@ import CofferTestSupport
 import Testing
 @testable import CofferFS
 @testable import CofferStore
+import CofferStoreTestSupport
 
 @Suite("Open files, orphans, persistence, read-only")
 struct LifecycleTests {
@@ -140,12 +141,12 @@ struct LifecycleTests {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
         let (ino, cid) = try f.dyingFile("doomed")
-        try f.store.writer { db in
+        try f.store.sqlite.writer { db in
             try db.execute(sql: "CREATE TEMP TRIGGER no_delete BEFORE DELETE ON inodes BEGIN SELECT RAISE(FAIL, 'injected'); END")
         }
         #expect(f.fs.reapSome() == -1)
         #expect(f.fs.meta.withLock { f.fs.dying.keys.sorted() } == [ino], "a failed piece stays dying")
-        try f.store.writer { db in try db.execute(sql: "DROP TRIGGER no_delete") }
+        try f.store.sqlite.writer { db in try db.execute(sql: "DROP TRIGGER no_delete") }
         try f.fs.commit()
         #expect(try f.store.orphans() == [ino], "written with its orphan row")
         f.fs.reapAll()
@@ -170,7 +171,7 @@ struct LifecycleTests {
         f.fs.forget(kept, lookups: 1)
         #expect(f.fs.meta.withLock { f.fs.dying.count } == 2)
         // The store drops the open transaction, as on SQLITE_FULL.
-        try f.store.writer { db in try db.execute(sql: "ROLLBACK") }
+        try f.store.sqlite.writer { db in try db.execute(sql: "ROLLBACK") }
         f.store.onRollback?()
         #expect(try f.list() == ["kept"], "the lost unlink's entry is back")
         #expect(f.fs.meta.withLock { f.fs.dying.keys.sorted() } == [gone])
@@ -216,9 +217,9 @@ struct LifecycleTests {
         let crashDir = f.dir + "/crash"
         try FileManager.default.createDirectory(atPath: crashDir, withIntermediateDirectories: false)
         for s in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: f.storePath + s) {
-            try FileManager.default.copyItem(atPath: f.storePath + s, toPath: crashDir + "/" + EntityStore.fileName + s)
+            try FileManager.default.copyItem(atPath: f.storePath + s, toPath: crashDir + "/" + SQLiteBackend.fileName + s)
         }
-        let crashed = try EntityStore.open(at: crashDir + "/" + EntityStore.fileName, keys: f.keys)
+        let crashed = try EntityStore.open(at: crashDir + "/" + SQLiteBackend.fileName, keys: f.keys)
         let fs2 = try CofferFileSystem(store: crashed, chunkSize: f.chunkSize, options: .init(), statfsPath: crashDir, logger: .init(label: "crash"))
         defer { fs2.shutdown() }
         #expect(try fs2.lookup(parent: root, name: b("synced")).size == 7)

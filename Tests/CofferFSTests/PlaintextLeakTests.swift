@@ -90,7 +90,7 @@ struct PlaintextLeakTests {
 
         let files = try Self.allFiles(vault)
         let names = files.map(\.0)
-        #expect(names.contains(EntityStore.fileName))
+        #expect(names.contains(SQLiteBackend.fileName))
         let totalBytes = files.reduce(0) { $0 + $1.1.count }
         #expect(totalBytes > content.count, "the container holds the content (sealed)")
         for (path, bytes) in files {

@@ -32,14 +32,14 @@ final class Fixture {
     private(set) var store: EntityStore
     private(set) var fs: CofferFileSystem
     private var open = true
-    var storePath: String { dir + "/" + EntityStore.fileName }
+    var storePath: String { dir + "/" + SQLiteBackend.fileName }
 
     init(chunkSize: Int = 65536, options: CofferFileSystem.Options = .init()) throws {
         dir = try makeTempDir()
         self.chunkSize = chunkSize
         keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
-        try EntityStore.create(at: dir + "/" + EntityStore.fileName, keys: keys, registry: .standard, chunkSize: chunkSize)
-        store = try EntityStore.open(at: dir + "/" + EntityStore.fileName, keys: keys)
+        try EntityStore.create(at: dir + "/" + SQLiteBackend.fileName, keys: keys, registry: .standard, chunkSize: chunkSize)
+        store = try EntityStore.open(at: dir + "/" + SQLiteBackend.fileName, keys: keys)
         fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
     }
 

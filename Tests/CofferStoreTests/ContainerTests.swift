@@ -11,7 +11,7 @@ struct ContainerTests {
             let made = try makeContainer(in: dir)
             let passwordSlot = try required(made.container.header.slots.first(where: { $0.kind == .password }))
             #expect(made.container.header.slots.count == 2)
-            #expect(made.container.header.store == EntityStore.fileName, "store path must be stored container-relative")
+            #expect(made.container.header.store == SQLiteBackend.fileName, "store path must be stored container-relative")
             #expect(made.container.header.chunkSize == 65536)
             #expect(made.container.header.version == ContainerHeader.currentVersion)
             let opened = try Container.open(at: made.root)
@@ -177,7 +177,7 @@ struct ContainerTests {
             try FileManager.default.createDirectory(atPath: empty, withIntermediateDirectories: false)
             _ = try Container.create(at: empty, password: secure("p"), options: fastOptions(recovery: false))
             #expect(FileManager.default.fileExists(atPath: empty + "/" + ContainerHeader.fileName))
-            #expect(FileManager.default.fileExists(atPath: empty + "/" + EntityStore.fileName))
+            #expect(FileManager.default.fileExists(atPath: empty + "/" + SQLiteBackend.fileName))
         }
     }
 
@@ -209,7 +209,7 @@ struct ContainerTests {
             #expect(opened.root == bDir + "/vault")
             let keys = try opened.unlock(passwordSecret(testPassword)).keys
             let storePath = try opened.storePath()
-            #expect(storePath == bDir + "/vault/" + EntityStore.fileName)
+            #expect(storePath == bDir + "/vault/" + SQLiteBackend.fileName)
             #expect(!storePath.hasPrefix(a))
             let store = try EntityStore.open(at: storePath, keys: keys)
             defer { store.close() }

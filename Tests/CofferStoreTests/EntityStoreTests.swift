@@ -5,6 +5,7 @@ import CofferTestSupport
 import Synchronization
 import Testing
 @testable import CofferStore
+import CofferStoreTestSupport
 
 @Suite("Entity store")
 struct EntityStoreTests {
@@ -68,12 +69,12 @@ struct EntityStoreTests {
             let (store, keys, _) = try makeStore(in: dir)
             defer { store.close() }
             let file = (try EntityStore.newContentId())
-            let cipher = try keys.fileCipher(contentId: file)
+            let cipher = try store.contentCipher(contentId: file)
             let plain: [[UInt8]] = [[UInt8](repeating: 1, count: 4096), (0 ..< 100).map { UInt8($0) }, []]
             var sealed: [(index: UInt64, sealed: [UInt8])] = []
             for (i, p) in plain.enumerated() {
                 let index = UInt64(i) * 1000   // sparse indices
-                sealed.append((index, try p.withUnsafeBytes { try store.sealChunk($0, file: file, index: index, cipher: cipher) }))
+                sealed.append((index, try cipher.seal(p, index: index)))
             }
             try store.putChunks(file: file, sealed)
             #expect(try store.chunkIndices(file: file) == [0, 1000, 2000])
@@ -81,13 +82,13 @@ struct EntityStoreTests {
             #expect(got.map(\.index) == [0, 1000, 2000])
             for (i, c) in got.enumerated() {
                 var out = [UInt8](repeating: 0xAA, count: 4096)
-                let n = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file, index: c.index, cipher: cipher, into: $0) }
+                let n = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) }
                 #expect(Array(out.prefix(n)) == plain[i])
                 // Bound to its index and its file.
-                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file, index: c.index + 1, cipher: cipher, into: $0) } }
-                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file ^ 2, index: c.index, cipher: cipher, into: $0) } }
-                let otherFileCipher = try keys.fileCipher(contentId: file ^ 2)
-                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file, index: c.index, cipher: otherFileCipher, into: $0) } }
+                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index + 1, into: $0) } }
+                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try ContentCipher(contentId: file ^ 2, aead: keys.fileCipher(contentId: file)).open(c.sealed, index: c.index, into: $0) } }
+                let otherFileCipher = ContentCipher(contentId: file, aead: try keys.fileCipher(contentId: file ^ 2))
+                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try otherFileCipher.open(c.sealed, index: c.index, into: $0) } }
             }
             // Range queries.
             #expect(try store.sealedChunks(file: file, first: 1, last: 1999).map(\.index) == [1000])
@@ -95,7 +96,7 @@ struct EntityStoreTests {
             #expect(try store.sealedChunks(file: file ^ 2, first: 0, last: 5000).isEmpty)
             // An output buffer too small for the chunk is refused, not overrun.
             var small = [UInt8](repeating: 0, count: 10)
-            expectSomeError(StoreError.self) { _ = try small.withUnsafeMutableBytes { try store.openChunk(got[0].sealed, file: file, index: 0, cipher: cipher, into: $0) } }
+            expectSomeError(StoreError.self) { _ = try small.withUnsafeMutableBytes { try cipher.open(got[0].sealed, index: 0, into: $0) } }
             // Deleting from an index.
             try store.deleteChunks(file: file, from: 1000)
             #expect(try store.chunkIndices(file: file) == [0])
@@ -249,7 +250,7 @@ struct EntityStoreTests {
             try store.putTestChunks(file: file, count: 32, seed: 9, keys: keys)
             try store.putInode(80, sampleInode(size: 32 * 65536, contentId: file))
             try store.commit()
-            let folded = try store.pool.writeWithoutTransaction { try $0.checkpoint(.passive) }
+            let folded = try store.sqlite.pool.writeWithoutTransaction { try $0.checkpoint(.passive) }
             #expect(folded.walFrameCount > 100 && folded.checkpointedFrameCount == folded.walFrameCount, "\(folded)")
 
             // "Crash": copy the files as they are on disk, WAL and shared memory included.
@@ -277,7 +278,7 @@ struct EntityStoreTests {
             #expect(try reopened.chunkIndices(file: file) == (0 ..< 16).map { UInt64($0) })
             let first = try #require(try reopened.sealedChunks(file: file, first: 0, last: 0).first)
             var plain = [UInt8](repeating: 0, count: 65536)
-            let n = try plain.withUnsafeMutableBytes { try reopened.openChunk(first.sealed, file: file, index: 0, cipher: try keys.fileCipher(contentId: file), into: $0) }
+            let n = try plain.withUnsafeMutableBytes { try reopened.contentCipher(contentId: file).open(first.sealed, index: 0, into: $0) }
             #expect(n == 65536 && plain == [UInt8](repeating: 9, count: 65536), "chunk 0 holds seed 9")
         }
     }
@@ -290,26 +291,26 @@ struct EntityStoreTests {
             let (store, keys, _) = try makeStore(in: dir)
             defer { store.close() }
             let file = try EntityStore.newContentId()
-            let cipher = try keys.fileCipher(contentId: file)
-            let count = 2 * Int(EntityStore.mappedChunks)
+            let cipher = try store.contentCipher(contentId: file)
+            let count = 2 * Int(SQLiteBackend.mappedChunks)
             try store.putTestChunks(file: file, count: count, seed: 0, keys: keys)
             try store.commit()
             var out = [UInt8](repeating: 0, count: 65536)
             // Enough passes that the mapped pool remaps at least three times.
-            let passes = 3 * ChunkReaders.remapAfter / (Int(EntityStore.mappedChunks) * 65536) + 1
+            let passes = 3 * ChunkReaders.remapAfter / (Int(SQLiteBackend.mappedChunks) * 65536) + 1
             for pass in 0 ..< passes {
                 var seen = 0
                 for first in stride(from: 0, to: count, by: 8) {
                     try store.forEachChunk(file: file, first: UInt64(first), last: UInt64(first + 7)) { index, sealed in
-                        let n = try out.withUnsafeMutableBytes { try store.openChunk(sealed, file: file, index: index, cipher: cipher, into: $0) }
+                        let n = try out.withUnsafeMutableBytes { try cipher.open(sealed, index: index, into: $0) }
                         #expect(n == 65536 && out.allSatisfy { $0 == UInt8(index & 0xFF) }, "pass \(pass): chunk \(index) differs")
                         seen += 1
                     }
                 }
                 #expect(seen == count)
             }
-            #expect(store.mappedReaders.remaps.load(ordering: .relaxed) >= 3)
-            #expect(store.preadReaders.remaps.load(ordering: .relaxed) == 0)
+            #expect(store.sqlite.mappedReaders.remaps.load(ordering: .relaxed) >= 3)
+            #expect(store.sqlite.preadReaders.remaps.load(ordering: .relaxed) == 0)
         }
     }
 
@@ -323,10 +324,10 @@ struct EntityStoreTests {
             let (store, keys, path) = try makeStore(in: dir, name: "guarded.db")
             defer { store.close() }
             let file = try EntityStore.newContentId()
-            let count = Int(EntityStore.mappedChunks)  // all through the mapped pool
+            let count = Int(SQLiteBackend.mappedChunks)  // all through the mapped pool
             try store.putTestChunks(file: file, count: count, seed: 0, keys: keys)
             try store.commit()
-            try store.pool.writeWithoutTransaction { _ = try $0.checkpoint(.truncate) }  // pages in the file, not the WAL
+            try store.sqlite.pool.writeWithoutTransaction { _ = try $0.checkpoint(.truncate) }  // pages in the file, not the WAL
             var seen = 0
             try store.forEachChunk(file: file, first: 0, last: UInt64(count - 1)) { _, _ in seen += 1 }
             #expect(seen == count, "read before the truncation")
@@ -347,14 +348,14 @@ struct EntityStoreTests {
         try withTempDir { dir in
             let (store, _, _) = try makeStore(in: dir)
             defer { store.close() }
-            func cacheKiB() throws -> Int { -(try store.writer { db in try Int.fetchOne(db, sql: "PRAGMA cache_size") } ?? 0) }
-            #expect(try cacheKiB() == EntityStore.idleWriterCacheKiB)
+            func cacheKiB() throws -> Int { -(try store.sqlite.writer { db in try Int.fetchOne(db, sql: "PRAGMA cache_size") } ?? 0) }
+            #expect(try cacheKiB() == SQLiteBackend.idleWriterCacheKiB)
             try store.putInode(90, sampleInode(size: 1))
-            #expect(try cacheKiB() == EntityStore.writerCacheKiB)
+            #expect(try cacheKiB() == SQLiteBackend.writerCacheKiB)
             try store.commit()
-            #expect(try cacheKiB() == EntityStore.idleWriterCacheKiB)
+            #expect(try cacheKiB() == SQLiteBackend.idleWriterCacheKiB)
             #expect(try store.inode(90)?.size == 1)
-            #expect(try cacheKiB() == EntityStore.idleWriterCacheKiB, "a read opens no group")
+            #expect(try cacheKiB() == SQLiteBackend.idleWriterCacheKiB, "a read opens no group")
         }
     }
 

@@ -4,16 +4,17 @@ import GRDB
 import CofferTestSupport
 import Testing
 @testable import CofferStore
+import CofferStoreTestSupport
 
 @Suite("Free pages go back to the disk")
 struct FreePagesTests {
     func expectFile(_ store: EntityStore, _ keys: ContainerKeys, file: UInt64, count: Int, seed: UInt8) throws {
-        let cipher = try keys.fileCipher(contentId: file)
+        let cipher = try store.contentCipher(contentId: file)
         let chunks = try store.sealedChunks(file: file, first: 0, last: UInt64(count))
         #expect(chunks.map(\.index) == (0 ..< UInt64(count)).map { $0 })
         var out = [UInt8](repeating: 0, count: 65536)
         for c in chunks {
-            let n = try out.withUnsafeMutableBytes { try store.openChunk(c.sealed, file: file, index: c.index, cipher: cipher, into: $0) }
+            let n = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) }
             #expect(n == 65536 && out.allSatisfy { $0 == seed &+ UInt8(c.index & 0xFF) }, "chunk \(c.index) differs")
         }
     }
@@ -31,15 +32,15 @@ struct FreePagesTests {
             try store.putTestChunks(file: big, count: 512, seed: 1, keys: keys)    // 32 MiB
             try store.putTestChunks(file: kept, count: 64, seed: 100, keys: keys)  // 4 MiB, after it in the file
             try store.commit()
-            let before = try store.pageCounts()
-            #expect(before.total * store.pageSize > 36 << 20, "\(before)")
+            let before = try store.sqlite.pageCounts()
+            #expect(before.total * store.sqlite.pageSize > 36 << 20, "\(before)")
             // Nothing to give back yet.
             #expect(try store.giveBackFreePages() == 0)
 
             _ = try store.deleteChunks(file: big)
             try store.commit()
-            let freed = try store.pageCounts()
-            #expect(freed.free * store.pageSize > 30 << 20, "deleting 32 MiB freed only \(freed)")
+            let freed = try store.sqlite.pageCounts()
+            #expect(freed.free * store.sqlite.pageSize > 30 << 20, "deleting 32 MiB freed only \(freed)")
             var pieces = 0
             while true {
                 let n = try store.giveBackFreePages(limit: 256)
@@ -49,10 +50,10 @@ struct FreePagesTests {
                 try store.commit()
                 try #require(pieces < 1000, "giving back free pages does not end")
             }
-            let after = try store.pageCounts()
+            let after = try store.sqlite.pageCounts()
             #expect(pieces >= 2, "the limit per piece was not kept (\(pieces) pieces)")
-            #expect(after.free <= store.freePagesToKeep(pageCount: after.total), "\(after)")
-            #expect(after.total * store.pageSize < 14 << 20, "the store still has \(after.total) pages")
+            #expect(after.free <= store.sqlite.freePagesToKeep(pageCount: after.total), "\(after)")
+            #expect(after.total * store.sqlite.pageSize < 14 << 20, "the store still has \(after.total) pages")
             try expectFile(store, keys, file: kept, count: 64, seed: 100)
 
             // The file itself is cut at the next checkpoint, and everything reads back after a reopen.
@@ -76,7 +77,7 @@ struct FreePagesTests {
             try store.commit()
             _ = try store.deleteChunks(file: file)
             try store.commit()
-            #expect(try store.pageCounts().free > 200)
+            #expect(try store.sqlite.pageCounts().free > 200)
             #expect(try store.giveBackFreePages() == 0)
             // 32 MiB more, freed: read-only, nothing moves.
             try store.putTestChunks(file: file, count: 512, seed: 7, keys: keys)
@@ -100,11 +101,11 @@ struct FreePagesTests {
             try queue.close()
             let older = try EntityStore.open(at: path, keys: keys)
             defer { older.close() }
-            #expect(!older.vacuumsIncrementally)
-            let counts = try older.pageCounts()
-            #expect(counts.free * older.pageSize > 30 << 20, "\(counts)")
+            #expect(!older.sqlite.vacuumsIncrementally)
+            let counts = try older.sqlite.pageCounts()
+            #expect(counts.free * older.sqlite.pageSize > 30 << 20, "\(counts)")
             #expect(try older.giveBackFreePages() == 0)
-            #expect(try older.pageCounts().total == counts.total)
+            #expect(try older.sqlite.pageCounts().total == counts.total)
         }
     }
 }

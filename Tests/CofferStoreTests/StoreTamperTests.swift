@@ -4,6 +4,7 @@ import GRDB
 import CofferTestSupport
 import Testing
 @testable import CofferStore
+import CofferStoreTestSupport
 
 /// An attacker edits the database file directly (the store is closed meanwhile).
 func tamper(_ path: String, _ body: (Database) throws -> Void) throws {
@@ -87,11 +88,11 @@ struct StoreTamperTests {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
             let f1 = try EntityStore.newContentId(), f2 = try EntityStore.newContentId()
-            let c1 = try keys.fileCipher(contentId: f1), c2 = try keys.fileCipher(contentId: f2)
+            let c1 = try store.contentCipher(contentId: f1), c2 = try store.contentCipher(contentId: f2)
             for (f, c) in [(f1, c1), (f2, c2)] {
                 for i: UInt64 in 0 ... 1 {
                     let p = [UInt8](repeating: UInt8(i), count: 64)
-                    try store.putChunk(file: f, index: i, sealed: try p.withUnsafeBytes { try store.sealChunk($0, file: f, index: i, cipher: c) })
+                    try store.putChunk(file: f, index: i, sealed: try c.seal(p, index: i))
                 }
             }
             store.close()
@@ -103,10 +104,10 @@ struct StoreTamperTests {
                     try db.execute(sql: "UPDATE chunks SET value = ? WHERE file = ? AND idx = ?", arguments: [Data(va), Int64(bitPattern: c.0), Int64(c.1)])
                 }
             }
-            func check(_ f: UInt64, _ cipher: AESGCM, _ s: EntityStore, expectBad: Set<UInt64>) throws {
+            func check(_ f: UInt64, _ cipher: ContentCipher, _ s: EntityStore, expectBad: Set<UInt64>) throws {
                 for c in try s.sealedChunks(file: f, first: 0, last: 1) {
                     var out = [UInt8](repeating: 0, count: 4096)
-                    let e = storeError { _ = try out.withUnsafeMutableBytes { try s.openChunk(c.sealed, file: f, index: c.index, cipher: cipher, into: $0) } }
+                    let e = storeError { _ = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) } }
                     if expectBad.contains(c.index) {
                         #expect(e?.authenticationFailureKind == .contentChunk, "chunk \(c.index) should fail")
                     } else {
@@ -136,9 +137,9 @@ struct StoreTamperTests {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
             let f = try EntityStore.newContentId()
-            let c = try keys.fileCipher(contentId: f)
+            let c = try store.contentCipher(contentId: f)
             for i: UInt64 in 0 ... 2 {
-                try store.putChunk(file: f, index: i, sealed: try [UInt8](repeating: 1, count: 10).withUnsafeBytes { try store.sealChunk($0, file: f, index: i, cipher: c) })
+                try store.putChunk(file: f, index: i, sealed: try c.seal([UInt8](repeating: 1, count: 10), index: i))
             }
             store.close()
             try tamper(path) { db in try db.execute(sql: "DELETE FROM chunks WHERE file = ? AND idx = 1", arguments: [Int64(bitPattern: f)]) }

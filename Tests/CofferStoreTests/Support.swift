@@ -4,6 +4,7 @@ import Glibc
 import CofferTestSupport
 import Testing
 @testable import CofferStore
+import CofferStoreTestSupport
 
 /// The cheapest KDF the floor allows (about 0.15 s).
 let testKDF = KDFChoice.scrypt(logN: 16, r: 8, p: 1)
@@ -100,10 +101,10 @@ func makeStore(in dir: String, name: String = "store.db") throws -> (store: Enti
 extension EntityStore {
     /// Puts (uncommitted) `count` sealed 64 KiB chunks of `file`, chunk i filled with `seed &+ i`.
     func putTestChunks(file: UInt64, count: Int, seed: UInt8, keys: ContainerKeys) throws {
-        let cipher = try keys.fileCipher(contentId: file)
+        let cipher = try contentCipher(contentId: file)
         for i in 0 ..< count {
             let plain = [UInt8](repeating: seed &+ UInt8(i & 0xFF), count: 65536)
-            try putChunk(file: file, index: UInt64(i), sealed: try plain.withUnsafeBytes { try sealChunk($0, file: file, index: UInt64(i), cipher: cipher) })
+            try putChunk(file: file, index: UInt64(i), sealed: try cipher.seal(plain, index: UInt64(i)))
         }
     }
 }

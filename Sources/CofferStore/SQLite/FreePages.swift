@@ -10,7 +10,7 @@ import GRDB
 /// (`PRAGMA incremental_vacuum`): SQLite moves pages from the end of the file into free slots and
 /// cuts the end off, so the file shrinks at the next checkpoint and new content is appended in order.
 /// The margin keeps a little room for files that are rewritten in place over and over.
-extension EntityStore {
+extension SQLiteBackend {
     /// Free pages kept for reuse: a sixteenth of the file, and at least 8 MiB.
     func freePagesToKeep(pageCount: Int) -> Int { max(pageCount / 16, (8 << 20) / pageSize) }
 
@@ -22,7 +22,7 @@ extension EntityStore {
     /// end of the file costs SQLite a walk through the freelist: after `rm` of 1 GiB, pieces of 256 pages
     /// made ~70 lookups wait over 20 ms (p99 25 ms); pieces of 32, two (p99 4.7 ms), in the same total
     /// time (docs/MEASUREMENTS.md).
-    public func giveBackFreePages(limit: Int = 32) throws(StoreError) -> Int {
+    public func reclaimSpace(limit: Int) throws(StoreError) -> Int {
         guard !readOnly, vacuumsIncrementally, !isLowOnSpace() else { return 0 }
         let excess = try writer { db in
             let free = try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0

@@ -14,7 +14,7 @@ enum RawSQLite {
         while true {
             let rc = sqlite3_step(stmt)
             if rc == SQLITE_DONE { return }
-            guard rc == SQLITE_ROW else { throw StoreError.from(code: rc, stmt) }
+            guard rc == SQLITE_ROW else { throw StoreError.sqlite(code: rc, stmt) }
             let idx = UInt64(bitPattern: sqlite3_column_int64(stmt, 0))
             let n = Int(sqlite3_column_bytes(stmt, 1))
             guard let p = sqlite3_column_blob(stmt, 1) else { try body(idx, UnsafeRawBufferPointer(start: nil, count: 0)); continue }
@@ -30,19 +30,6 @@ enum RawSQLite {
     }
 }
 
-extension StoreError {
-    static func from(code: Int32, _ stmt: OpaquePointer?) -> StoreError {
-        switch code & 0xFF {
-        case SQLITE_FULL: return .diskFull
-        case SQLITE_READONLY: return .readOnly
-        default:
-            let db = stmt.flatMap { sqlite3_db_handle($0) }
-            let message = db.flatMap { sqlite3_errmsg($0) }.map { String(cString: $0) } ?? "SQLite error \(code)"
-            return .database(message)
-        }
-    }
-}
-
 /// A small pool of read-only connections for content reads that need no uncommitted data, so
 /// several FUSE threads read (and then decrypt) at once.
 ///
@@ -52,7 +39,7 @@ extension StoreError {
 /// counts in the daemon's resident size, although it is only page cache, so a connection maps the
 /// file afresh once it has read `remapAfter` bytes. A remap costs about 2 ms (munmap) and the page
 /// faults after it, which made random 4 KiB reads in a large file a fifth slower: the store sends
-/// only the first chunks of each file through the mapped pool (`EntityStore.forEachChunk`).
+/// only the first chunks of each file through the mapped pool (`SQLiteBackend.forEachChunk`).
 final class ChunkReaders: @unchecked Sendable {
     static let selectRange = "SELECT idx, value FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"
     /// The mapping asked for, and the other size a remap switches to (below SQLITE_MAX_MMAP_SIZE,
