@@ -108,6 +108,9 @@ public final class PGConnection: @unchecked Sendable {
         return s == PQTRANS_INTRANS || s == PQTRANS_INERROR || s == PQTRANS_ACTIVE
     }
 
+    /// The open transaction failed (a statement errored in it): the server now accepts only ROLLBACK.
+    public var transactionFailed: Bool { handle.map { PQtransactionStatus($0) == PQTRANS_INERROR } ?? false }
+
     /// The server's version as libpq reports it (150018 for 15.18); 0 when not connected.
     public var serverVersion: Int { handle.map { Int(PQserverVersion($0)) } ?? 0 }
 

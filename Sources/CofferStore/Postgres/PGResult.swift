@@ -22,6 +22,9 @@ public final class PGResult: @unchecked Sendable {   // a PGresult is read-only 
         return Int(String(cString: s)) ?? 0
     }
 
+    /// The command tag ("COMMIT", "ROLLBACK", "INSERT 0 1", ...).
+    public var commandStatus: String { PQcmdStatus(handle).map { String(cString: $0) } ?? "" }
+
     public func isNull(_ row: Int, _ column: Int) throws(PGError) -> Bool {
         try check(row, column)
         return PQgetisnull(handle, Int32(row), Int32(column)) != 0
