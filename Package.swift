@@ -55,7 +55,7 @@ let package = Package(
         // Helpers the test targets share (expectations, seeded generator); only tests depend on it.
         .target(name: "CofferTestSupport", path: "Tests/CofferTestSupport"),
         // Raw row access for tamper and replay tests, through the engine seam.
-        .target(name: "CofferStoreTestSupport", dependencies: ["CofferStore"], path: "Tests/CofferStoreTestSupport"),
+        .target(name: "CofferStoreTestSupport", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport"], path: "Tests/CofferStoreTestSupport"),
         .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
         .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
         .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
