@@ -52,6 +52,7 @@ demo: release
 test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+	COFFER_TEST_ENGINE=postgres $(SWIFT) test --skip-build --filter CofferFSTests   # the filesystem tests again, over PostgreSQL
 
 # Coffer, a plain directory and gocryptfs side by side (release build).
 bench: release bench-deps
