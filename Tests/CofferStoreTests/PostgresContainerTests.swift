@@ -79,4 +79,27 @@ struct PostgresContainerTests {
         #expect(!message.contains("hunter2secret"), "\(message)")
         if case .notAStore? = storeError({ _ = try PostgresBackend.open(p) }) {} else { Issue.record("a missing schema is notAStore") }
     }
+
+    /// The GRANTs README.md lists are enough: no superuser to create, and to use another's container.
+    @Test func rolesWithTheDocumentedGrants() throws {
+        let cluster = try TestPostgres.cluster()
+        let tag = UUID().uuidString.prefix(8).lowercased()
+        let (owner, user, name) = ("owner_\(tag)", "user_\(tag)", "team_\(tag)")
+        try cluster.psql("CREATE ROLE \(owner) LOGIN; CREATE ROLE \(user) LOGIN; GRANT CONNECT, CREATE ON DATABASE \(cluster.database) TO \(owner)")
+        func uri(_ role: String) -> String {
+            "postgresql:///\(cluster.database)?host=\(cluster.socketDirectory)&port=\(cluster.port)&user=\(role)&container=\(name)"
+        }
+        let made = try Container.create(try ContainerLocation.parse(uri(owner)), password: secure(testPassword), options: fastOptions(recovery: false))
+        try cluster.psql("GRANT CONNECT ON DATABASE \(cluster.database) TO \(user); GRANT USAGE ON SCHEMA \(name) TO \(user); "
+                         + "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \(name) TO \(user)")
+        let theirs = try Container.open(try ContainerLocation.parse(uri(user)))
+        let (keys, _) = try theirs.unlock(passwordSecret(testPassword))
+        let store = try theirs.openStore(keys: keys)
+        defer { store.close() }
+        try store.putInode(9, sampleInode(size: 9))
+        try store.commit()
+        #expect(try store.inode(9)?.size == 9)
+        #expect(store.sizeOnDisk > 0)
+        _ = try theirs.addSlot(kind: .password, secret: secure("more"), kdf: testKDF, label: nil, keys: made.keys)
+    }
 }
