@@ -140,7 +140,7 @@ struct EntityStoreTests {
 
     @Test(arguments: StoreEngine.allCases) func commitBumpsGenerationAndPersists(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, keys, made) = try makeStore(engine, in: dir)
+            let (store, _, made) = try makeStore(engine, in: dir)
             let g0 = store.generation
             #expect(g0 >= 1, "creating the store commits once")
             #expect(store.hasPendingChanges == false)
@@ -171,7 +171,7 @@ struct EntityStoreTests {
     /// them would call the synced store a rollback.
     @Test(arguments: StoreEngine.allCases) func onlyDurableCommitsReachTheLedger(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, keys, made) = try makeStore(engine, in: dir)
+            let (store, _, made) = try makeStore(engine, in: dir)
             let heard = Mutex<[UInt64]>([])
             store.onCommit = { g in heard.withLock { $0.append(g) } }
             let g0 = store.generation
@@ -193,7 +193,7 @@ struct EntityStoreTests {
 
     @Test(arguments: StoreEngine.allCases) func committedDataIsVisibleToASecondReaderUncommittedIsNot(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, keys, made) = try makeStore(engine, in: dir)
+            let (store, _, made) = try makeStore(engine, in: dir)
             defer { store.close() }
             let reader = try made.open(readOnly: true)
             defer { reader.close() }
