@@ -19,6 +19,7 @@ let package = Package(
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CArgon2", pkgConfig: "libargon2", providers: [.apt(["libargon2-dev"])]),
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+        .systemLibrary(name: "CPostgres", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
         // Beside the system libraries: a SIGBUS guard for memory-mapped store reads (C: a signal handler).
         .target(name: "CMappedFault"),
@@ -27,7 +28,7 @@ let package = Package(
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
         // Layer 4: container header, key slots, transformers, the sealed entity store.
         .target(name: "CofferStore", dependencies: [
-            "CofferCrypto", "CMappedFault",
+            "CofferCrypto", "CMappedFault", "CPostgres",
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "GRDBSQLite", package: "GRDB.swift"),
             .product(name: "Logging", package: "swift-log"),
@@ -54,7 +55,7 @@ let package = Package(
         // Helpers the test targets share (expectations, seeded generator); only tests depend on it.
         .target(name: "CofferTestSupport", path: "Tests/CofferTestSupport"),
         // Raw row access for tamper and replay tests, through the engine seam.
-        .target(name: "CofferStoreTestSupport", dependencies: ["CofferStore"], path: "Tests/CofferStoreTestSupport"),
+        .target(name: "CofferStoreTestSupport", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport"], path: "Tests/CofferStoreTestSupport"),
         .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
         .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
         .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
@@ -63,6 +64,8 @@ let package = Package(
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // The PostgreSQL client plumbing against a private cluster the tests start (needs postgresql).
+        .testTarget(name: "CofferPostgresTests", dependencies: ["CofferStore", "CofferTestSupport"]),
         .testTarget(name: "CofferFUSETests", dependencies: ["CofferFUSE", "CofferFS"]),
         // Drives the built `coffer` binary: CLI and real FUSE mounts.
         .testTarget(name: "CofferCLITests", dependencies: ["coffer", "CofferTestSupport"]),

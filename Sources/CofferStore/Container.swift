@@ -2,11 +2,15 @@ import CofferCrypto
 import Foundation
 import Glibc
 
-/// A container directory: the header file and the entity store beside it. Opening reads and checks
+/// A container: a directory (the header file and the SQLite store beside it) or a schema in a
+/// PostgreSQL database (the header row and the tables; `ContainerLocation`). Opening reads and checks
 /// the header's structure; `unlock` turns a secret into the keys and authenticates the header.
 public final class Container: @unchecked Sendable {
-    /// Absolute path of the container root, as opened today.
+    /// Absolute path of the container root, as opened today; for PostgreSQL the URI without its
+    /// password and parameters (what messages show).
     public let root: String
+    /// Where the container lives (a directory's is its absolute path).
+    public let location: ContainerLocation
     public private(set) var header: ContainerHeader
 
     public var headerPath: String { root + "/" + ContainerHeader.fileName }
@@ -19,9 +23,38 @@ public final class Container: @unchecked Sendable {
         }
     }
 
-    private init(root: String, header: ContainerHeader) { self.root = root; self.header = header }
+    private init(root: String, header: ContainerHeader) {
+        self.root = root
+        self.location = .directory(root)
+        self.header = header
+    }
+
+    private init(_ location: PostgresLocation, header: ContainerHeader) {
+        self.root = location.display
+        self.location = .postgres(location)
+        self.header = header
+    }
 
     // MARK: Opening
+
+    /// Opens a container of either kind (`ContainerLocation.parse` of what the user typed).
+    public static func open(_ location: ContainerLocation) throws(ContainerError) -> Container {
+        switch location {
+        case .directory(let path): return try open(at: path)
+        case .postgres(let p): return Container(p, header: try decodeHeader(try PostgresHeader.read(p)))
+        }
+    }
+
+    /// The container's entity store over its engine: the SQLite file beside the header, or the
+    /// schema's tables. `reconnectWait`: how long a PostgreSQL store waits for a lost server.
+    public func openStore(keys: ContainerKeys, registry: TransformerRegistry = .standard, readOnly: Bool = false,
+                          reconnectWait: Double = 30) throws -> EntityStore {
+        switch location {
+        case .directory: return try EntityStore.open(at: try storePath(), keys: keys, registry: registry, readOnly: readOnly)
+        case .postgres(let p):
+            return try EntityStore.open(try PostgresBackend.open(p, readOnly: readOnly, reconnectWait: reconnectWait), keys: keys, registry: registry)
+        }
+    }
 
     public static func open(at path: String) throws(ContainerError) -> Container {
         let root = absolute(path)
@@ -36,13 +69,18 @@ public final class Container: @unchecked Sendable {
         guard let data = FileManager.default.contents(atPath: headerFile) else {
             throw .unreadable(path, "\(ContainerHeader.fileName): \(String(cString: strerror(errno)))")
         }
+        return Container(root: root, header: try decodeHeader(data))
+    }
+
+    /// The header's JSON, checked for structure (the same bytes in either kind of container).
+    static func decodeHeader(_ data: Data) throws(ContainerError) -> ContainerHeader {
         guard data.count <= 1 << 20 else { throw .headerDamaged("header file is too large") }
         let header: ContainerHeader
         do { header = try JSONDecoder().decode(ContainerHeader.self, from: data) } catch {
             throw .headerDamaged("not valid header JSON")
         }
         try checkStructure(header)
-        return Container(root: root, header: header)
+        return header
     }
 
     /// Structural checks before any secret is used: a header that asks for something we do not
@@ -138,6 +176,16 @@ public final class Container: @unchecked Sendable {
         public init() {}
     }
 
+    /// Creates a new container of either kind with one password slot (and a recovery slot unless
+    /// asked not to). Returns the container, its keys and the recovery key text to show once.
+    public static func create(_ location: ContainerLocation, password: SecureBytes, options: CreateOptions) throws(ContainerError)
+        -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
+        switch location {
+        case .directory(let path): return try create(at: path, password: password, options: options)
+        case .postgres(let p): return try create(p, password: password, options: options)
+        }
+    }
+
     /// Creates a new container directory with one password slot (and a recovery slot unless asked
     /// not to). Returns the container, its keys and the recovery key text to show once.
     public static func create(at path: String, password: SecureBytes, options: CreateOptions) throws(ContainerError)
@@ -155,25 +203,7 @@ public final class Container: @unchecked Sendable {
             createdDirectory = true
         }
         do {
-            let id = try Random.bytes(16)
-            let master = try SecureBytes.random(count: 32)
-            defer { master.wipe() }
-            let keys = try ContainerKeys(master: master, containerId: id)
-            var header = ContainerHeader(
-                format: ContainerHeader.formatName, version: ContainerHeader.currentVersion,
-                containerId: id.hexString, cipher: ContainerHeader.supportedCipher, chunkSize: options.chunkSize,
-                store: ContainerPathTransformer.storeString(root + "/" + SQLiteBackend.fileName, root: root),
-                features: [], slots: [], mac: "")
-            let container = Container(root: root, header: header)
-            container.header.slots.append(try container.makeSlot(kind: .password, secret: password, kdf: options.kdf, master: master, label: "password"))
-            var recoveryText: String?
-            if options.withRecoveryKey {
-                let recovery = try SecureBytes.random(count: 32)
-                defer { recovery.wipe() }
-                container.header.slots.append(try container.makeSlot(kind: .recovery, secret: recovery, kdf: options.kdf, master: master, label: "recovery key"))
-                recoveryText = RecoveryKey.format(recovery)
-            }
-            header = container.header
+            let (container, keys, recoveryText) = try newHeader(password: password, options: options) { Container(root: root, header: $0) }
             let storePath = try container.storePath()
             try EntityStore.create(at: storePath, keys: keys, registry: .standard, chunkSize: options.chunkSize)
             // Nothing in a container is for other users (SQLite gives its WAL and SHM the same mode).
@@ -185,6 +215,46 @@ public final class Container: @unchecked Sendable {
             else { for f in (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? [] { try? FileManager.default.removeItem(atPath: root + "/" + f) } }
             if let e = error as? ContainerError { throw e }
             throw .io("cannot create the container: \(error)")
+        }
+    }
+
+    /// A new container's keys and header with its slots (not written yet). The `store` field is
+    /// `store.db` for either kind (PostgreSQL ignores it), so a header copies between engines as it is.
+    private static func newHeader(password: SecureBytes, options: CreateOptions, make: (ContainerHeader) -> Container) throws
+        -> (Container, ContainerKeys, String?) {
+        let id = try Random.bytes(16)
+        let master = try SecureBytes.random(count: 32)
+        defer { master.wipe() }
+        let keys = try ContainerKeys(master: master, containerId: id)
+        let container = make(ContainerHeader(
+            format: ContainerHeader.formatName, version: ContainerHeader.currentVersion,
+            containerId: id.hexString, cipher: ContainerHeader.supportedCipher, chunkSize: options.chunkSize,
+            store: SQLiteBackend.fileName, features: [], slots: [], mac: ""))
+        container.header.slots.append(try container.makeSlot(kind: .password, secret: password, kdf: options.kdf, master: master, label: "password"))
+        var recoveryText: String?
+        if options.withRecoveryKey {
+            let recovery = try SecureBytes.random(count: 32)
+            defer { recovery.wipe() }
+            container.header.slots.append(try container.makeSlot(kind: .recovery, secret: recovery, kdf: options.kdf, master: master, label: "recovery key"))
+            recoveryText = RecoveryKey.format(recovery)
+        }
+        return (container, keys, recoveryText)
+    }
+
+    /// A container in a new schema: the schema, its tables, the header row and the store's first
+    /// rows in one transaction (all or nothing). A schema by that name already there is refused.
+    private static func create(_ location: PostgresLocation, password: SecureBytes, options: CreateOptions) throws(ContainerError)
+        -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
+        try options.kdf.validate()
+        guard try !PostgresHeader.exists(location) else { throw .alreadyExists(location.display) }
+        do {
+            let (container, keys, recoveryText) = try newHeader(password: password, options: options) { Container(location, header: $0) }
+            let backend = try PostgresBackend.create(location, header: [UInt8](try container.authenticatedHeaderBytes(keys: keys)))
+            defer { backend.close() }
+            try EntityStore.initialize(backend, keys: keys, registry: .standard)
+            return (container, keys, recoveryText)
+        } catch let e as ContainerError { throw e } catch {
+            throw .io("\(location.display): cannot create the container: \(error)")
         }
     }
 
@@ -245,13 +315,22 @@ public final class Container: @unchecked Sendable {
         try writeHeader(keys: keys)
     }
 
-    /// Authenticates and writes the header atomically: temp file, fsync, rename, fsync directory.
+    /// Sets the header's MAC and returns the bytes to store (the same for either kind).
+    private func authenticatedHeaderBytes(keys: ContainerKeys) throws -> Data {
+        header.mac = ""
+        header.mac = Data(keys.headerMAC.authenticate(try header.canonicalBytes())).base64EncodedString()
+        return try header.fileBytes()
+    }
+
+    /// Authenticates and writes the header atomically: for a directory temp file, fsync, rename,
+    /// fsync directory; in PostgreSQL one UPDATE of the header row.
     func writeHeader(keys: ContainerKeys) throws(ContainerError) {
         do {
-            header.mac = ""
-            header.mac = Data(keys.headerMAC.authenticate(try header.canonicalBytes())).base64EncodedString()
-            let data = try header.fileBytes()
-            try FileIO.writeAtomically(data, to: headerPath, mode: 0o600)
+            let data = try authenticatedHeaderBytes(keys: keys)
+            switch location {
+            case .directory: try FileIO.writeAtomically(data, to: headerPath, mode: 0o600)
+            case .postgres(let p): try PostgresHeader.write(data, to: p)
+            }
         } catch let e as ContainerError { throw e } catch {
             throw .io("cannot write \(ContainerHeader.fileName): \(error)")
         }

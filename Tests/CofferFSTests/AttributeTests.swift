@@ -157,7 +157,7 @@ struct AttributeTests {
     }
 
     @Test func hostileStoredSymlinkTargetIsEIO() throws {
-        let f = try Fixture()
+        let f = try Fixture(engine: .sqlite)   // edits the SQLite file
         defer { f.cleanup() }
         let ino = try f.fs.symlink(parent: root, name: b("l"), target: b("/x"), caller: caller).ino
         f.fs.forget(ino, lookups: 1)

@@ -138,7 +138,7 @@ struct LifecycleTests {
     /// A store error while reaping (here a temporary trigger on the writer connection) keeps the inodes
     /// dying: the next commit writes them with orphan rows, and a later reap deletes them.
     @Test func aFailedReapKeepsItsInodesForLater() throws {
-        let f = try Fixture(chunkSize: 4096)
+        let f = try Fixture(chunkSize: 4096, engine: .sqlite)
         defer { f.cleanup() }
         let (ino, cid) = try f.dyingFile("doomed")
         try f.store.sqlite.writer { db in
@@ -158,7 +158,7 @@ struct LifecycleTests {
     /// A dropped transaction (a full disk) takes an uncommitted unlink with it: the dying inode is a file
     /// again and must not be reaped; one unlinked in a commit before stays dying.
     @Test func aDroppedTransactionGivesBackADyingFile() throws {
-        let f = try Fixture(chunkSize: 4096)
+        let f = try Fixture(chunkSize: 4096, engine: .sqlite)
         defer { f.cleanup() }
         f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }
         let kept = try f.file("kept", [UInt8](repeating: 1, count: 9000))
@@ -207,7 +207,7 @@ struct LifecycleTests {
     @Test func uncommittedWorkIsLostInACrashCommittedWorkIsNot() throws {
         var options = CofferFileSystem.Options()
         options.commitInterval = .seconds(3600)
-        let f = try Fixture(options: options)
+        let f = try Fixture(options: options, engine: .sqlite)
         defer { f.cleanup() }
         let synced = try f.file("synced", b("durable"))
         try f.fs.fsync(synced, handle: nil, dataOnly: false)

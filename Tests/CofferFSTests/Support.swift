@@ -6,6 +6,7 @@ import CofferTestSupport
 import Testing
 @testable import CofferFS
 @testable import CofferStore
+import CofferStoreTestSupport
 
 let root: InodeNumber = 1
 let caller = Caller(uid: 0, gid: 0)
@@ -24,29 +25,32 @@ func fsError(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throw
     }
 }
 
-/// A filesystem over a real store in a fresh temp dir (random keys: no KDF, fast).
+/// A filesystem over a real store (random keys: no KDF, fast): a SQLite file in a fresh temp dir, or
+/// with `COFFER_TEST_ENGINE=postgres` a fresh schema in the tests' PostgreSQL cluster, so every test
+/// runs on either engine. Tests of SQLite's own behaviour ask for `engine: .sqlite`.
 final class Fixture {
     let dir: String
     let keys: ContainerKeys
     let chunkSize: Int
+    let made: TestStore
     private(set) var store: EntityStore
     private(set) var fs: CofferFileSystem
     private var open = true
     var storePath: String { dir + "/" + SQLiteBackend.fileName }
 
-    init(chunkSize: Int = 65536, options: CofferFileSystem.Options = .init()) throws {
+    init(chunkSize: Int = 65536, options: CofferFileSystem.Options = .init(), engine: StoreEngine = .fromEnvironment) throws {
         dir = try makeTempDir()
         self.chunkSize = chunkSize
-        keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
-        try EntityStore.create(at: dir + "/" + SQLiteBackend.fileName, keys: keys, registry: .standard, chunkSize: chunkSize)
-        store = try EntityStore.open(at: dir + "/" + SQLiteBackend.fileName, keys: keys)
+        made = try TestStore.create(engine, in: dir, name: SQLiteBackend.fileName, chunkSize: chunkSize)
+        keys = made.keys
+        store = try made.open()
         fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
     }
 
     /// Clean unmount and a fresh mount over the same store file.
     func remount(options: CofferFileSystem.Options = .init()) throws {
         if open { fs.shutdown() }
-        store = try EntityStore.open(at: storePath, keys: keys, readOnly: options.readOnly)
+        store = try made.open(readOnly: options.readOnly)
         fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
         open = true
     }
@@ -55,7 +59,7 @@ final class Fixture {
     /// filesystem without any release or shutdown, and mount a new one over a new store.
     func crashAndRemount(options: CofferFileSystem.Options = .init()) throws {
         try fs.commit()
-        store = try EntityStore.open(at: storePath, keys: keys, readOnly: options.readOnly)
+        store = try made.open(readOnly: options.readOnly)
         fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
         open = true
     }

@@ -9,9 +9,9 @@ import CofferStoreTestSupport
 
 @Suite("Entity store")
 struct EntityStoreTests {
-    @Test func inodesPutGetDelete() throws {
+    @Test(arguments: StoreEngine.allCases) func inodesPutGetDelete(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, _, _) = try makeStore(in: dir)
+            let (store, _, _) = try makeStore(engine, in: dir)
             defer { store.close() }
             let root = try #require(try store.inode(EntityStore.rootInode))
             #expect(root.mode == 0o040755 && root.nlink == 2)
@@ -34,9 +34,9 @@ struct EntityStoreTests {
         }
     }
 
-    @Test func directoryEntries() throws {
+    @Test(arguments: StoreEngine.allCases) func directoryEntries(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, _, _) = try makeStore(in: dir)
+            let (store, _, _) = try makeStore(engine, in: dir)
             defer { store.close() }
             #expect(try store.hasEntries(parent: 1) == false)
             #expect(try store.entries(parent: 1).isEmpty)
@@ -111,9 +111,9 @@ struct EntityStoreTests {
         }
     }
 
-    @Test func chunksSealStoreOpen() throws {
+    @Test(arguments: StoreEngine.allCases) func chunksSealStoreOpen(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, keys, _) = try makeStore(in: dir)
+            let (store, keys, _) = try makeStore(engine, in: dir)
             defer { store.close() }
             let file = (try EntityStore.newContentId())
             let cipher = try store.contentCipher(contentId: file)
@@ -157,9 +157,9 @@ struct EntityStoreTests {
         }
     }
 
-    @Test func extendedAttributesAndOrphans() throws {
+    @Test(arguments: StoreEngine.allCases) func extendedAttributesAndOrphans(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, _, _) = try makeStore(in: dir)
+            let (store, _, _) = try makeStore(engine, in: dir)
             defer { store.close() }
             #expect(try store.xattr(1, name: b("user.a")) == nil)
             try store.putXattr(1, name: b("user.a"), value: b("one"))
@@ -185,9 +185,9 @@ struct EntityStoreTests {
         }
     }
 
-    @Test func commitBumpsGenerationAndPersists() throws {
+    @Test(arguments: StoreEngine.allCases) func commitBumpsGenerationAndPersists(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
+            let (store, _, made) = try makeStore(engine, in: dir)
             let g0 = store.generation
             #expect(g0 >= 1, "creating the store commits once")
             #expect(store.hasPendingChanges == false)
@@ -206,7 +206,7 @@ struct EntityStoreTests {
             #expect(store.generation == g0 + 2)
             #expect(store.isCommitDue(age: .zero, volume: 0) == false, "nothing pending")
             store.close()
-            let reopened = try EntityStore.open(at: path, keys: keys)
+            let reopened = try made.open()
             defer { reopened.close() }
             #expect(reopened.generation == g0 + 2)
             #expect(try reopened.inode(50) != nil && reopened.inode(51) != nil)
@@ -216,9 +216,9 @@ struct EntityStoreTests {
     /// A group commit is atomic and visible to a reopened store, but the rollback ledger hears only of
     /// durable commits: after a power cut, unsynced commits may be gone, and a ledger that had counted
     /// them would call the synced store a rollback.
-    @Test func onlyDurableCommitsReachTheLedger() throws {
+    @Test(arguments: StoreEngine.allCases) func onlyDurableCommitsReachTheLedger(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
+            let (store, _, made) = try makeStore(engine, in: dir)
             let heard = Mutex<[UInt64]>([])
             store.onCommit = { g in heard.withLock { $0.append(g) } }
             let g0 = store.generation
@@ -231,18 +231,18 @@ struct EntityStoreTests {
             try store.putInode(61, sampleInode())
             try store.commit(durable: false)
             store.close()
-            let reopened = try EntityStore.open(at: path, keys: keys)
+            let reopened = try made.open()
             defer { reopened.close() }
             #expect(reopened.generation == g0 + 2)
             #expect(try reopened.inode(60) != nil && reopened.inode(61) != nil)
         }
     }
 
-    @Test func committedDataIsVisibleToASecondReaderUncommittedIsNot() throws {
+    @Test(arguments: StoreEngine.allCases) func committedDataIsVisibleToASecondReaderUncommittedIsNot(engine: StoreEngine) throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
+            let (store, _, made) = try makeStore(engine, in: dir)
             defer { store.close() }
-            let reader = try EntityStore.open(at: path, keys: keys, readOnly: true)
+            let reader = try made.open(readOnly: true)
             defer { reader.close() }
             #expect(reader.readOnly)
             try store.putInode(60, sampleInode(size: 1))

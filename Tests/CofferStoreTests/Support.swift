@@ -131,3 +131,9 @@ func expectAuthFailure<T>(_ kind: EntityKind, _ comment: Comment? = nil, sourceL
     }
 }
 
+
+/// A test store on `engine` (random keys), and what opens it again.
+func makeStore(_ engine: StoreEngine, in dir: String) throws -> (store: EntityStore, keys: ContainerKeys, made: TestStore) {
+    let made = try TestStore.create(engine, in: dir)
+    return (try made.open(), made.keys, made)
+}

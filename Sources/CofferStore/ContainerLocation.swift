@@ -1,0 +1,84 @@
+import Foundation
+
+/// Where a container lives: a directory (header file and SQLite store) or a schema in a PostgreSQL
+/// database (header row and tables; docs/FORMAT.md "Containers in PostgreSQL"). Parsed once from
+/// what the user typed, so every command accepts either form.
+public enum ContainerLocation: Sendable, Equatable, CustomStringConvertible {
+    case directory(String)
+    case postgres(PostgresLocation)
+
+    /// A `postgresql://` or `postgres://` URI names a PostgreSQL container; anything else is a path.
+    public static func parse(_ text: String) throws(ContainerError) -> ContainerLocation {
+        guard PostgresLocation.isURI(text) else { return .directory(text) }
+        return .postgres(try PostgresLocation(uri: text))
+    }
+
+    /// For messages: the path, or the URI without password and libpq parameters.
+    public var description: String {
+        switch self {
+        case .directory(let path): return path
+        case .postgres(let p): return p.display
+        }
+    }
+}
+
+/// A PostgreSQL container: the libpq connection string (every parameter the user gave except
+/// `container`) and the schema that holds the container.
+public struct PostgresLocation: Sendable, Equatable {
+    public static let defaultContainer = "coffer"
+    /// What libpq gets: the URI without `container=` (passwords stay in it; never shown).
+    public let conninfo: String
+    /// The schema name (validated: `PostgresIdentifier`).
+    public let container: String
+    /// `scheme://[user@]host[:port]/dbname?container=NAME`: no password, no other parameters.
+    public let display: String
+
+    static func isURI(_ text: String) -> Bool { text.hasPrefix("postgresql://") || text.hasPrefix("postgres://") }
+
+    public init(uri: String) throws(ContainerError) {
+        guard Self.isURI(uri) else { throw .notAContainer("not a postgresql:// URI") }
+        let parts = uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+        let base = String(parts[0])
+        var kept: [Substring] = [], names: [String] = []
+        for p in parts.count > 1 ? parts[1].split(separator: "&") : [] {
+            if p.hasPrefix("container=") {
+                guard let name = String(p.dropFirst("container=".count)).removingPercentEncoding else {
+                    throw .notAContainer("container name in the URI is not valid percent-encoding")
+                }
+                names.append(name)
+            } else { kept.append(p) }
+        }
+        guard names.count <= 1 else { throw .notAContainer("the URI names more than one container") }
+        let name = names.first ?? Self.defaultContainer
+        guard PostgresIdentifier.isValid(name) else {
+            throw .notAContainer("container name \"\(name)\": use 1-63 letters, digits and _, not starting with a digit or pg_")
+        }
+        container = name
+        conninfo = kept.isEmpty ? base : base + "?" + kept.joined(separator: "&")
+        display = Self.withoutPassword(base) + "?container=" + name
+    }
+
+    /// The URI's base with the password of its userinfo cut out.
+    private static func withoutPassword(_ base: String) -> String {
+        guard let scheme = base.range(of: "://") else { return base }
+        let rest = base[scheme.upperBound...]
+        let authorityEnd = rest.firstIndex(of: "/") ?? rest.endIndex
+        guard let at = rest[..<authorityEnd].lastIndex(of: "@") else { return base }
+        let userinfo = rest[..<at]
+        let user = userinfo.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)[0]
+        return String(base[..<scheme.upperBound]) + user + rest[at...]
+    }
+}
+
+/// Schema names: checked against a conservative set and always double-quoted in SQL, so a name is
+/// never SQL and never folds case.
+enum PostgresIdentifier {
+    static func isValid(_ name: String) -> Bool {
+        guard (1 ... 63).contains(name.utf8.count), !name.lowercased().hasPrefix("pg_"),
+              let first = name.unicodeScalars.first, !("0" ... "9").contains(first) else { return false }
+        return name.unicodeScalars.allSatisfy { $0 == "_" || ("a" ... "z").contains($0) || ("A" ... "Z").contains($0) || ("0" ... "9").contains($0) }
+    }
+
+    /// `"name"` (valid names hold no quote, so no escaping is needed).
+    static func quoted(_ name: String) -> String { "\"" + name + "\"" }
+}

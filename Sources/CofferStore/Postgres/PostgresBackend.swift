@@ -1,0 +1,159 @@
+import Foundation
+import Synchronization
+
+/// The PostgreSQL engine: a container's rows in its own schema of a database the server holds, which
+/// sees only random ids, keyed tags and sealed bytes (docs/FORMAT.md, "Containers in PostgreSQL").
+///
+/// Writes go to one dedicated writer connection that keeps one transaction open and commits it in
+/// groups with the sealed state (PostgresTransactions.swift); synchronous_commit is on, so every
+/// commit is durable when it returns. Metadata is read through the writer (it must see the open
+/// transaction); content without uncommitted changes through a small pool, concurrently.
+public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // writer state behind writerLock
+    public let readOnly: Bool
+    public let location: PostgresLocation
+    let sql: PostgresSQL
+    /// How long a call waits for a lost server to come back before it fails.
+    let reconnectWait: Double
+
+    /// The writer connection; only touched with `writerLock` held. Recursive: a `batch` holds it
+    /// for its body, and the body's calls on the same thread take it again (other threads wait).
+    let writer: PGConnection
+    let writerLock = NSRecursiveLock()
+    /// Connections for committed content, opened on the first such read.
+    private let readers = Mutex<PGPool?>(nil)
+    static let readerConnections = 4
+
+    public var onRollback: (@Sendable () -> Void)?
+
+    /// The open group transaction: when it began, how many bytes it adds, which files' content it
+    /// changed (their reads go through the writer until the commit).
+    struct Pending {
+        var since: ContinuousClock.Instant?
+        var bytes = 0
+        var dirtyFiles = Set<UInt64>()
+        mutating func clear() { since = nil; bytes = 0; dirtyFiles.removeAll() }
+    }
+    let pending = Mutex(Pending())
+    let closed = Atomic<Bool>(false)
+
+    private init(location: PostgresLocation, writer: PGConnection, readOnly: Bool, reconnectWait: Double) throws(StoreError) {
+        self.location = location
+        self.sql = PostgresSQL(schema: location.container)
+        self.writer = writer
+        self.readOnly = readOnly
+        self.reconnectWait = reconnectWait
+        try setUpSession()
+    }
+
+    /// Opens the container's schema (it must exist: `notAStore` otherwise).
+    public static func open(_ location: PostgresLocation, readOnly: Bool = false, reconnectWait: Double = 30) throws(StoreError) -> PostgresBackend {
+        let backend = try PostgresBackend(location: location, writer: try connect(location), readOnly: readOnly, reconnectWait: reconnectWait)
+        guard try backend.schemaExists() else {
+            backend.close()
+            throw .notAStore("the database has no container \(location.container)")
+        }
+        return backend
+    }
+
+    /// Begins the group transaction that creates the container's schema and tables and writes its
+    /// header row; `EntityStore.initialize` then writes the store's first rows and commits, so the
+    /// container appears whole or not at all.
+    public static func create(_ location: PostgresLocation, header: [UInt8], reconnectWait: Double = 30) throws(StoreError) -> PostgresBackend {
+        let backend = try PostgresBackend(location: location, writer: try connect(location), readOnly: false, reconnectWait: reconnectWait)
+        do {
+            try backend.write { c in
+                try c.executeScript(backend.sql.createTables)
+                try c.execute(backend.sql.putHeader, [.bytea(header)])
+            }
+        } catch {
+            backend.close()
+            throw error
+        }
+        return backend
+    }
+
+    static func connect(_ location: PostgresLocation) throws(StoreError) -> PGConnection {
+        do { return try PGConnection(location.conninfo) } catch { throw StoreError.postgres(error) }
+    }
+
+    /// Session settings of the writer, again after every reconnect: commits wait for the server's
+    /// WAL flush (a role or database may have turned that off), and a read-only store refuses writes
+    /// on the server too.
+    func setUpSession() throws(StoreError) {
+        do {
+            try writer.executeScript("SET synchronous_commit = on" + (readOnly ? "; SET default_transaction_read_only = on" : ""))
+        } catch { throw StoreError.postgres(error) }
+    }
+
+    func schemaExists() throws(StoreError) -> Bool {
+        try read { c in try c.execute(PostgresSQL.schemaExists, [.text(sql.schema)], prepared: true).bool(0, 0) ?? false }
+    }
+
+    // MARK: Schema rows
+
+    public func readSchema() throws(StoreError) -> StoreSchema {
+        do {
+            return try read { c in
+                let k = try c.execute(sql.kinds, prepared: true)
+                var kinds: [StoreSchema.Kind] = []
+                for r in 0 ..< k.rowCount {
+                    kinds.append(StoreSchema.Kind(number: Int(try k.int64(r, 0) ?? -1), name: try k.text(r, 1) ?? "?", transformer: try k.text(r, 2) ?? "?"))
+                }
+                let m = try c.execute(sql.meta, prepared: true)
+                var meta: [String: [UInt8]] = [:]
+                for r in 0 ..< m.rowCount {
+                    if let name = try m.text(r, 0), let value = try m.bytes(r, 1) { meta[name] = value }
+                }
+                return StoreSchema(kinds: kinds, meta: meta)
+            }
+        } catch { throw .notAStore("\(error)") }
+    }
+
+    public func initializeSchema(_ schema: StoreSchema) throws(StoreError) {
+        try write { c in
+            for kind in schema.kinds {
+                try c.execute(sql.putKind, [.int4(Int32(truncatingIfNeeded: kind.number)), .text(kind.name), .text(kind.transformer)], prepared: true)
+            }
+            for (name, value) in schema.meta { try c.execute(sql.putMeta, [.text(name), .bytea(value)], prepared: true) }
+        }
+    }
+
+    /// Nothing to set up: the session was set up at connect.
+    public func startWriting() throws(StoreError) {}
+
+    /// The connections for committed content (opened on first use, with the writer's bounded wait).
+    func readerPool() throws(StoreError) -> PGPool {
+        try readers.withLock { (pool: inout PGPool?) throws(StoreError) -> PGPool in
+            if let pool { return pool }
+            do {
+                let p = try PGPool(location.conninfo, maxConnections: Self.readerConnections, reconnectWait: reconnectWait)
+                pool = p
+                return p
+            } catch { throw StoreError.postgres(error) }
+        }
+    }
+
+    /// Rolls back what is open (nothing more is committed) and ends every connection.
+    public func close() {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        writerLock.lock()
+        if writer.inTransaction, writer.isAlive { _ = try? writer.execute("ROLLBACK") }
+        pending.withLock { $0.clear() }
+        writer.close()
+        writerLock.unlock()
+        readers.withLock { $0?.close(); $0 = nil }
+    }
+
+    /// The space the schema's tables take on the server, indexes and TOAST included.
+    public var sizeOnDisk: UInt64? {
+        try? read { c in
+            UInt64(clamping: try c.execute(PostgresSQL.size, [.text(sql.schema)], prepared: true).int64(0, 0) ?? 0)
+        }
+    }
+
+    /// PostgreSQL reclaims space by itself (autovacuum); there is nothing to give back here.
+    public func reclaimSpace(limit: Int) throws(StoreError) -> Int { 0 }
+
+    /// The server's disk is not ours to probe: a full one answers 53100 (`diskFull`) at the statement.
+    public func isLowOnSpace() -> Bool { false }
+}

@@ -1,0 +1,45 @@
+import Foundation
+
+/// The header of a PostgreSQL container: the same JSON bytes `coffer.json` holds for a directory,
+/// in the one row of the schema's `header` table, so key slots and the header MAC work unchanged
+/// and a copy between engines moves the header as it is. Each call is one short connection; a
+/// rewrite is one UPDATE (its own transaction: the old header or the new, never part of one).
+enum PostgresHeader {
+    static func read(_ location: PostgresLocation) throws(ContainerError) -> Data {
+        let sql = PostgresSQL(schema: location.container)
+        let r: PGResult
+        do {
+            let c = try PGConnection(location.conninfo)
+            defer { c.close() }
+            guard try c.execute(PostgresSQL.schemaExists, [.text(location.container)]).bool(0, 0) == true else {
+                throw ContainerError.unreadable(location.display, "the database has no container \"\(location.container)\"")
+            }
+            r = try c.execute(sql.header)
+        } catch { throw containerError(error, location) }
+        guard r.rowCount == 1, let bytes = try? r.bytes(0, 0) else { throw .headerDamaged("the header row is missing") }
+        return Data(bytes)
+    }
+
+    static func write(_ data: Data, to location: PostgresLocation) throws(ContainerError) {
+        do {
+            let c = try PGConnection(location.conninfo)
+            defer { c.close() }
+            let r = try c.execute(PostgresSQL(schema: location.container).updateHeader, [.bytea([UInt8](data))])
+            guard r.affectedRows == 1 else { throw ContainerError.headerDamaged("the header row is missing") }
+        } catch { throw containerError(error, location) }
+    }
+
+    /// Whether the database already has a schema by the container's name.
+    static func exists(_ location: PostgresLocation) throws(ContainerError) -> Bool {
+        do {
+            let c = try PGConnection(location.conninfo)
+            defer { c.close() }
+            return try c.execute(PostgresSQL.schemaExists, [.text(location.container)]).bool(0, 0) == true
+        } catch { throw containerError(error, location) }
+    }
+
+    private static func containerError(_ error: any Error, _ location: PostgresLocation) -> ContainerError {
+        if let e = error as? ContainerError { return e }
+        return .unreadable(location.display, "\(error)")   // PGError: passwords already cut out
+    }
+}

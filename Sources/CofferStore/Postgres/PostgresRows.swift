@@ -1,0 +1,88 @@
+/// The rows of each entity kind in the container's schema (PostgresSQL.swift): ids as int8 with
+/// SQLite's bit patterns, tags and sealed values as bytea. Every statement is prepared once per
+/// session and is one round trip; metadata goes through the writer (it must see the open group).
+extension PostgresBackend {
+    static func id(_ v: UInt64) -> PGValue { .int8(Int64(bitPattern: v)) }
+
+    /// One bytea value of the first row, or nil when there is none.
+    func value(_ statement: String, _ params: [PGValue]) throws(StoreError) -> [UInt8]? {
+        try read { c in
+            let r = try c.execute(statement, params, prepared: true)
+            return r.rowCount == 0 ? nil : try r.bytes(0, 0)
+        }
+    }
+
+    func exists(_ statement: String, _ params: [PGValue]) throws(StoreError) -> Bool {
+        try read { c in try c.execute(statement, params, prepared: true).bool(0, 0) ?? false }
+    }
+
+    /// A write; returns the rows it touched.
+    @discardableResult
+    func change(_ statement: String, _ params: [PGValue], bytes: Int = 0, file: UInt64? = nil) throws(StoreError) -> Int {
+        try write(bytes: bytes, file: file) { c in try c.execute(statement, params, prepared: true).affectedRows }
+    }
+
+    /// (bytea, bytea) rows: a tag and a sealed value.
+    func tagged(_ statement: String, _ params: [PGValue]) throws(StoreError) -> [(tag: [UInt8], sealed: [UInt8])] {
+        try read { c in
+            let r = try c.execute(statement, params, prepared: true)
+            return try (0 ..< r.rowCount).map { i in (try r.bytes(i, 0) ?? [], try r.bytes(i, 1) ?? []) }
+        }
+    }
+
+    func ids(_ statement: String, _ params: [PGValue]) throws(StoreError) -> [UInt64] {
+        try read { c in
+            let r = try c.execute(statement, params, prepared: true)
+            return try (0 ..< r.rowCount).map { i in UInt64(bitPattern: try r.int64(i, 0) ?? 0) }
+        }
+    }
+
+    // MARK: Inodes
+
+    public func inode(_ id: UInt64) throws(StoreError) -> [UInt8]? { try value(sql.inode, [Self.id(id)]) }
+    public func inodeExists(_ id: UInt64) throws(StoreError) -> Bool { try exists(sql.inodeExists, [Self.id(id)]) }
+    public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) { try change(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count) }
+    public func deleteInode(_ id: UInt64) throws(StoreError) { try change(sql.deleteInode, [Self.id(id)]) }
+
+    // MARK: Directory entries
+
+    public func entry(parentTag: [UInt8], tag: [UInt8]) throws(StoreError) -> [UInt8]? { try value(sql.entry, [.bytea(parentTag), .bytea(tag)]) }
+
+    public func putEntry(parentTag: [UInt8], tag: [UInt8], sealed: [UInt8], replace: Bool) throws(StoreError) -> Bool {
+        try change(replace ? sql.replaceEntry : sql.addEntry, [.bytea(parentTag), .bytea(tag), .bytea(sealed)], bytes: sealed.count) == 1
+    }
+
+    public func deleteEntry(parentTag: [UInt8], tag: [UInt8]) throws(StoreError) { try change(sql.deleteEntry, [.bytea(parentTag), .bytea(tag)]) }
+
+    /// bytea compares bytewise, as SQLite's BLOB does: the same tag order in both engines.
+    public func entryPage(parentTag: [UInt8], from: [UInt8], limit: Int) throws(StoreError) -> [(tag: [UInt8], sealed: [UInt8])] {
+        try tagged(sql.entryPage, [.bytea(parentTag), .bytea(from), .int8(limit < 0 ? Int64.max : Int64(limit))])
+    }
+
+    public func hasEntries(parentTag: [UInt8]) throws(StoreError) -> Bool { try exists(sql.hasEntries, [.bytea(parentTag)]) }
+
+    // MARK: Chunk map pages
+
+    public func chunkMapPage(file: UInt64, page: UInt64) throws(StoreError) -> [UInt8]? { try value(sql.chunkMap, [Self.id(file), Self.id(page)]) }
+    public func putChunkMapPage(file: UInt64, page: UInt64, sealed: [UInt8]) throws(StoreError) {
+        try change(sql.putChunkMap, [Self.id(file), Self.id(page), .bytea(sealed)], bytes: sealed.count)
+    }
+    public func deleteChunkMapPages(file: UInt64, from: UInt64) throws(StoreError) { try change(sql.deleteChunkMapsFrom, [Self.id(file), Self.id(from)]) }
+    public func deleteChunkMapPage(file: UInt64, page: UInt64) throws(StoreError) { try change(sql.deleteChunkMap, [Self.id(file), Self.id(page)]) }
+
+    // MARK: Extended attributes
+
+    public func xattr(inode: UInt64, tag: [UInt8]) throws(StoreError) -> [UInt8]? { try value(sql.xattr, [Self.id(inode), .bytea(tag)]) }
+    public func xattrs(inode: UInt64) throws(StoreError) -> [(tag: [UInt8], sealed: [UInt8])] { try tagged(sql.xattrs, [Self.id(inode)]) }
+    public func putXattr(inode: UInt64, tag: [UInt8], sealed: [UInt8]) throws(StoreError) {
+        try change(sql.putXattr, [Self.id(inode), .bytea(tag), .bytea(sealed)], bytes: sealed.count)
+    }
+    public func deleteXattr(inode: UInt64, tag: [UInt8]) throws(StoreError) -> Bool { try change(sql.deleteXattr, [Self.id(inode), .bytea(tag)]) > 0 }
+    public func deleteXattrs(inode: UInt64) throws(StoreError) { try change(sql.deleteXattrs, [Self.id(inode)]) }
+
+    // MARK: Orphans
+
+    public func addOrphan(_ id: UInt64) throws(StoreError) { try change(sql.addOrphan, [Self.id(id)]) }
+    public func removeOrphan(_ id: UInt64) throws(StoreError) { try change(sql.removeOrphan, [Self.id(id)]) }
+    public func orphans() throws(StoreError) -> [UInt64] { try ids(sql.orphans, []) }
+}

@@ -1,0 +1,101 @@
+/// The container's tables in its own schema (docs/FORMAT.md, "Containers in PostgreSQL") and every
+/// fixed statement over them, with the schema name quoted in. Each text is prepared once per
+/// session (`PGConnection.execute(prepared: true)`); ids travel as int8 with the same bit patterns
+/// SQLite keeps, tags and sealed values as bytea, so a row means the same thing in both engines.
+struct PostgresSQL: Sendable {
+    let schema: String
+    let q: String
+
+    init(schema: String) {
+        self.schema = schema
+        q = PostgresIdentifier.quoted(schema)
+    }
+
+    /// The tables. Sealed values do not compress: STORAGE EXTERNAL spares the server pglz's
+    /// attempt on every chunk and map page (they are still moved out of line when large).
+    var createTables: String {
+        """
+        CREATE SCHEMA \(q);
+        CREATE TABLE \(q).header(id integer PRIMARY KEY CHECK (id = 1), value bytea NOT NULL);
+        CREATE TABLE \(q).meta(name text PRIMARY KEY, value bytea NOT NULL);
+        CREATE TABLE \(q).kinds(kind integer PRIMARY KEY, name text NOT NULL, transformer text NOT NULL);
+        CREATE TABLE \(q).inodes(id bigint PRIMARY KEY, value bytea NOT NULL);
+        CREATE TABLE \(q).dirents(parent bytea NOT NULL, tag bytea NOT NULL, value bytea NOT NULL, PRIMARY KEY(parent, tag));
+        CREATE TABLE \(q).chunks(file bigint NOT NULL, idx bigint NOT NULL, value bytea NOT NULL, PRIMARY KEY(file, idx));
+        CREATE TABLE \(q).xattrs(inode bigint NOT NULL, tag bytea NOT NULL, value bytea NOT NULL, PRIMARY KEY(inode, tag));
+        CREATE TABLE \(q).orphans(id bigint PRIMARY KEY);
+        CREATE TABLE \(q).chunkmaps(file bigint NOT NULL, page bigint NOT NULL, value bytea NOT NULL, PRIMARY KEY(file, page));
+        ALTER TABLE \(q).chunks ALTER COLUMN value SET STORAGE EXTERNAL;
+        ALTER TABLE \(q).chunkmaps ALTER COLUMN value SET STORAGE EXTERNAL;
+        """
+    }
+
+    // Header
+    var header: String { "SELECT value FROM \(q).header WHERE id = 1" }
+    var putHeader: String { "INSERT INTO \(q).header(id, value) VALUES (1, $1)" }
+    var updateHeader: String { "UPDATE \(q).header SET value = $1 WHERE id = 1" }
+    static let schemaExists = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
+
+    // Schema rows
+    var kinds: String { "SELECT kind, name, transformer FROM \(q).kinds" }
+    var meta: String { "SELECT name, value FROM \(q).meta" }
+    var putKind: String { "INSERT INTO \(q).kinds(kind, name, transformer) VALUES ($1, $2, $3)" }
+    var putMeta: String { "INSERT INTO \(q).meta(name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value" }
+
+    // Inodes
+    var inode: String { "SELECT value FROM \(q).inodes WHERE id = $1" }
+    var inodeExists: String { "SELECT EXISTS (SELECT 1 FROM \(q).inodes WHERE id = $1)" }
+    var putInode: String { "INSERT INTO \(q).inodes(id, value) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value" }
+    var deleteInode: String { "DELETE FROM \(q).inodes WHERE id = $1" }
+
+    // Directory entries
+    var entry: String { "SELECT value FROM \(q).dirents WHERE parent = $1 AND tag = $2" }
+    var replaceEntry: String { "INSERT INTO \(q).dirents(parent, tag, value) VALUES ($1, $2, $3) ON CONFLICT (parent, tag) DO UPDATE SET value = EXCLUDED.value" }
+    var addEntry: String { "INSERT INTO \(q).dirents(parent, tag, value) VALUES ($1, $2, $3) ON CONFLICT (parent, tag) DO NOTHING" }
+    var deleteEntry: String { "DELETE FROM \(q).dirents WHERE parent = $1 AND tag = $2" }
+    var entryPage: String { "SELECT tag, value FROM \(q).dirents WHERE parent = $1 AND tag >= $2 ORDER BY tag LIMIT $3" }
+    var hasEntries: String { "SELECT EXISTS (SELECT 1 FROM \(q).dirents WHERE parent = $1)" }
+
+    // Chunks (ranges are read in pages of `PostgresBackend.chunkPage` rows)
+    var chunkRange: String { "SELECT idx, value FROM \(q).chunks WHERE file = $1 AND idx BETWEEN $2 AND $3 ORDER BY idx LIMIT $4" }
+    var putChunk: String { "INSERT INTO \(q).chunks(file, idx, value) VALUES ($1, $2, $3) ON CONFLICT (file, idx) DO UPDATE SET value = EXCLUDED.value" }
+    var deleteChunksFrom: String { "DELETE FROM \(q).chunks WHERE file = $1 AND idx >= $2" }
+    var deleteChunkRange: String { "DELETE FROM \(q).chunks WHERE file = $1 AND idx BETWEEN $2 AND $3" }
+    var chunkIndices: String { "SELECT idx FROM \(q).chunks WHERE file = $1 AND idx BETWEEN $2 AND $3 ORDER BY idx" }
+    var deleteChunk: String { "DELETE FROM \(q).chunks WHERE file = $1 AND idx = $2" }
+    var deleteAllChunks: String { "DELETE FROM \(q).chunks WHERE file = $1" }
+    var chunkSummaries: String { "SELECT file, count(*), max(idx) FROM \(q).chunks GROUP BY file" }
+
+    // Chunk map pages
+    var chunkMap: String { "SELECT value FROM \(q).chunkmaps WHERE file = $1 AND page = $2" }
+    var putChunkMap: String { "INSERT INTO \(q).chunkmaps(file, page, value) VALUES ($1, $2, $3) ON CONFLICT (file, page) DO UPDATE SET value = EXCLUDED.value" }
+    var deleteChunkMapsFrom: String { "DELETE FROM \(q).chunkmaps WHERE file = $1 AND page >= $2" }
+    var deleteChunkMap: String { "DELETE FROM \(q).chunkmaps WHERE file = $1 AND page = $2" }
+    var deleteAllChunkMaps: String { "DELETE FROM \(q).chunkmaps WHERE file = $1" }
+
+    // Extended attributes
+    var xattr: String { "SELECT value FROM \(q).xattrs WHERE inode = $1 AND tag = $2" }
+    var xattrs: String { "SELECT tag, value FROM \(q).xattrs WHERE inode = $1 ORDER BY tag" }
+    var putXattr: String { "INSERT INTO \(q).xattrs(inode, tag, value) VALUES ($1, $2, $3) ON CONFLICT (inode, tag) DO UPDATE SET value = EXCLUDED.value" }
+    var deleteXattr: String { "DELETE FROM \(q).xattrs WHERE inode = $1 AND tag = $2" }
+    var deleteXattrs: String { "DELETE FROM \(q).xattrs WHERE inode = $1" }
+
+    // Orphans
+    var addOrphan: String { "INSERT INTO \(q).orphans(id) VALUES ($1) ON CONFLICT (id) DO NOTHING" }
+    var removeOrphan: String { "DELETE FROM \(q).orphans WHERE id = $1" }
+    var orphans: String { "SELECT id FROM \(q).orphans" }
+
+    // Whole-store scans
+    var counts: String {
+        "SELECT (SELECT count(*) FROM \(q).inodes), (SELECT count(*) FROM \(q).dirents), (SELECT count(*) FROM \(q).chunks), "
+            + "(SELECT count(*) FROM \(q).xattrs), (SELECT count(*) FROM \(q).chunkmaps)"
+    }
+    var allInodes: String { "SELECT id, value FROM \(q).inodes" }
+    var allEntries: String { "SELECT parent, tag, value FROM \(q).dirents" }
+    var allXattrs: String { "SELECT inode, tag, value FROM \(q).xattrs" }
+    var allChunkMaps: String { "SELECT file, page, value FROM \(q).chunkmaps" }
+    static let size = """
+        SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'
+        """
+}

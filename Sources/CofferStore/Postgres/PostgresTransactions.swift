@@ -1,0 +1,119 @@
+import Foundation
+
+/// The group transaction on the writer connection. PostgreSQL aborts a whole transaction on any
+/// failed statement, and a lost connection takes it too: either way the group is gone, so it is
+/// rolled back and `onRollback` called, and the failing call throws (a later call must not add
+/// the rest of an operation to a new transaction). Outside a transaction a lost server is waited
+/// for (`reconnectWait`) and the call run again.
+extension PostgresBackend {
+    /// Runs `body` on the writer inside the open group transaction (begun here when none is open).
+    /// `bytes` is what the statement adds; `file` marks content whose reads must see it.
+    func write<T>(bytes: Int = 0, file: UInt64? = nil, _ body: (PGConnection) throws -> T) throws(StoreError) -> T {
+        guard !readOnly else { throw .readOnly }
+        return try onWriter { () throws(StoreError) -> T in
+            if pending.withLock({ $0.since == nil }) {
+                try idle { try $0.execute("BEGIN") }   // nothing is open yet: safe to run again after a reconnect
+                pending.withLock { $0.since = .now }
+            }
+            let result = try inTransaction { try body(writer) }
+            pending.withLock { p in
+                p.bytes += bytes
+                if let file { p.dirtyFiles.insert(file) }
+            }
+            return result
+        }
+    }
+
+    /// Runs a read on the writer: in the open transaction if there is one (it must see it).
+    func read<T>(_ body: (PGConnection) throws -> T) throws(StoreError) -> T {
+        try onWriter { () throws(StoreError) -> T in
+            if pending.withLock({ $0.since != nil }) { return try inTransaction { try body(writer) } }
+            return try idle(body)
+        }
+    }
+
+    public func batch<T>(_ body: () throws -> T) throws -> T {
+        writerLock.lock()
+        defer { writerLock.unlock() }
+        return try body()
+    }
+
+    /// Writes the sealed state and commits in one round trip (a pipeline of the state's upsert and
+    /// COMMIT). synchronous_commit is on: when COMMIT returns, the server has flushed it, so every
+    /// commit is durable and `durable` asks nothing more. A COMMIT whose answer is lost with the
+    /// connection may have committed; the group is reported rolled back all the same (the caches
+    /// above reload whichever state the server kept, and the next commit writes a later generation).
+    public func commit(durable: Bool, state: () throws(StoreError) -> [UInt8]) throws(StoreError) -> Bool {
+        guard !readOnly else { return false }
+        return try onWriter { () throws(StoreError) -> Bool in
+            guard pending.withLock({ $0.since != nil }) else { return false }
+            let sealed = try state()
+            try inTransaction {
+                let r = try writer.pipeline([PGStatement(sql.putMeta, [.text("state"), .bytea(sealed)], prepared: true), PGStatement("COMMIT")])
+                guard r.count == 2, r[1].commandStatus == "COMMIT" else {
+                    throw PGError(.server, "the server rolled the transaction back at COMMIT")
+                }
+            }
+            pending.withLock { $0.clear() }
+            return true
+        }
+    }
+
+    public var hasPendingChanges: Bool { pending.withLock { $0.since != nil } }
+
+    /// Due when the open transaction is older than `age` or adds `volume` bytes or more. Nothing
+    /// about the disk: it is the server's (a full one answers `diskFull`).
+    public func isCommitDue(age: Duration, volume: Int) -> Bool {
+        guard let (since, bytes) = pending.withLock({ p in p.since.map { ($0, p.bytes) } }) else { return false }
+        return bytes >= volume || ContinuousClock.now - since >= age
+    }
+
+    // MARK: Plumbing
+
+    /// `body` with the writer held by this thread (a `batch` on it already holds it).
+    private func onWriter<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        writerLock.lock()
+        defer { writerLock.unlock() }
+        guard !closed.load(ordering: .acquiring) else { throw .database("the store is closed") }
+        return try body()
+    }
+
+    /// A statement outside any transaction: on a dead session (server restarted, connection cut) it
+    /// reconnects, waiting up to `reconnectWait`, and runs once more.
+    private func idle<T>(_ body: (PGConnection) throws -> T) throws(StoreError) -> T {
+        if !writer.isAlive { try reconnect() }
+        do { return try body(writer) } catch let e as PGError where e.isConnectionLoss {
+            try reconnect()
+            do { return try body(writer) } catch { throw StoreError.postgres(error) }
+        } catch { throw StoreError.postgres(error) }
+    }
+
+    /// A statement inside the open transaction. A server error aborted the transaction, and a lost
+    /// connection took it: roll back, tell `onRollback`, throw. A result this client refused (wrong
+    /// type or shape) left the server's transaction as it was.
+    private func inTransaction<T>(_ body: () throws -> T) throws(StoreError) -> T {
+        do { return try body() } catch {
+            let pg = error as? PGError
+            if pg?.kind == .connection || writer.transactionFailed || !writer.inTransaction || !writer.isAlive {
+                droppedTransaction()
+            }
+            throw StoreError.postgres(error)
+        }
+    }
+
+    /// The group is gone: end what is left of it on the server, forget it here, tell the store.
+    func droppedTransaction() {
+        if writer.isAlive {
+            if writer.inTransaction { _ = try? writer.execute("ROLLBACK") }
+        } else {
+            writer.close()   // reconnected by the next call
+        }
+        pending.withLock { $0.clear() }
+        onRollback?()
+    }
+
+    private func reconnect() throws(StoreError) {
+        do { try writer.reconnect(within: reconnectWait) } catch { throw StoreError.postgres(error) }
+        try setUpSession()
+    }
+}

@@ -1,0 +1,105 @@
+import CofferCrypto
+import Foundation
+import CofferTestSupport
+import Testing
+@testable import CofferStore
+import CofferStoreTestSupport
+
+@Suite("PostgreSQL containers")
+struct PostgresContainerTests {
+    @Test func locationsParse() throws {
+        #expect(try ContainerLocation.parse("/srv/vault") == .directory("/srv/vault"))
+        #expect(try ContainerLocation.parse("postgres.dir") == .directory("postgres.dir"))
+        guard case .postgres(let p) = try ContainerLocation.parse("postgresql://alice:s3cret@db.example:5433/docs?sslmode=verify-full&container=team_a&passfile=/p") else {
+            Issue.record("not a PostgreSQL location"); return
+        }
+        #expect(p.container == "team_a")
+        #expect(p.conninfo == "postgresql://alice:s3cret@db.example:5433/docs?sslmode=verify-full&passfile=/p", "every other libpq parameter is kept")
+        #expect(p.display == "postgresql://alice@db.example:5433/docs?container=team_a")
+        #expect(!"\(ContainerLocation.postgres(p))".contains("s3cret"))
+        guard case .postgres(let d) = try ContainerLocation.parse("postgres:///docs") else { Issue.record("postgres:// is a URI too"); return }
+        #expect(d.container == "coffer" && d.conninfo == "postgres:///docs")
+        #expect(try PostgresLocation(uri: "postgresql://h/db?container=My_Box2").container == "My_Box2")
+        for bad in ["a-b", "1abc", "pg_catalog", "x\"y", "", String(repeating: "a", count: 64), "a%20b"] {
+            #expect(throws: ContainerError.self, "\(bad)") { _ = try ContainerLocation.parse("postgresql://h/db?container=\(bad)") }
+        }
+        #expect(throws: ContainerError.self) { _ = try ContainerLocation.parse("postgresql://h/db?container=a&container=b") }
+    }
+
+    @Test func createOpenUnlockAndChangeSlots() throws {
+        let location = ContainerLocation.postgres(try TestPostgres.freshLocation())
+        let made = try Container.create(location, password: secure(testPassword), options: fastOptions())
+        #expect(made.container.location == location)
+        #expect(made.recoveryKey != nil)
+        let store = try made.container.openStore(keys: made.keys)
+        try store.putInode(5, sampleInode(size: 5))
+        store.close()
+        #expect(containerError { _ = try Container.create(location, password: secure("x"), options: fastOptions()) } == .alreadyExists(location.description))
+
+        let opened = try Container.open(location)
+        #expect(opened.header == made.container.header)
+        #expect(containerError { _ = try opened.unlock(passwordSecret("wrong")) } == .wrongSecret)
+        let (keys, slot) = try opened.unlock(passwordSecret(testPassword))
+        let reopened = try opened.openStore(keys: keys)
+        #expect(try reopened.inode(5)?.size == 5)
+        reopened.close()
+
+        try opened.replaceSlot(id: slot, secret: secure("new password"), kdf: testKDF, keys: keys)
+        let added = try opened.addSlot(kind: .password, secret: secure("second"), kdf: testKDF, label: "second", keys: keys)
+        let again = try Container.open(location)
+        #expect(containerError { _ = try again.unlock(passwordSecret(testPassword)) } == .wrongSecret)
+        #expect(try again.unlock(passwordSecret("new password")).slotId == slot)
+        #expect(try again.unlock(passwordSecret("second")).slotId == added)
+        try again.removeSlot(id: added, keys: keys)
+        #expect(containerError { _ = try Container.open(location).unlock(passwordSecret("second")) } == .wrongSecret)
+    }
+
+    @Test func aHeaderEditedOnTheServerIsRefused() throws {
+        let p = try TestPostgres.freshLocation()
+        _ = try Container.create(.postgres(p), password: secure(testPassword), options: fastOptions(recovery: false))
+        let q = PostgresIdentifier.quoted(p.container)
+        try TestPostgres.cluster().psql("""
+            UPDATE \(q).header SET value = convert_to(replace(convert_from(value, 'UTF8'), '"chunkSize" : 65536', '"chunkSize" : 4096'), 'UTF8')
+            """)
+        let edited = try Container.open(.postgres(p))
+        #expect(edited.header.chunkSize == 4096)
+        #expect(containerError { _ = try edited.unlock(passwordSecret(testPassword)) } == .headerTampered)
+    }
+
+    @Test func missingContainersAndServersAreClearErrors() throws {
+        let p = try TestPostgres.freshLocation()
+        guard case .unreadable(let shown, let why)? = containerError({ _ = try Container.open(.postgres(p)) }) else {
+            Issue.record("a missing schema must be unreadable"); return
+        }
+        #expect(shown == p.display && why.contains(p.container))
+        let nowhere = try PostgresLocation(uri: "postgresql://nobody:hunter2secret@127.0.0.1:1/db?connect_timeout=2")
+        guard case .unreadable(_, let message)? = containerError({ _ = try Container.open(.postgres(nowhere)) }) else {
+            Issue.record("no server must be unreadable"); return
+        }
+        #expect(!message.contains("hunter2secret"), "\(message)")
+        if case .notAStore? = storeError({ _ = try PostgresBackend.open(p) }) {} else { Issue.record("a missing schema is notAStore") }
+    }
+
+    /// The GRANTs README.md lists are enough: no superuser to create, and to use another's container.
+    @Test func rolesWithTheDocumentedGrants() throws {
+        let cluster = try TestPostgres.cluster()
+        let tag = UUID().uuidString.prefix(8).lowercased()
+        let (owner, user, name) = ("owner_\(tag)", "user_\(tag)", "team_\(tag)")
+        try cluster.psql("CREATE ROLE \(owner) LOGIN; CREATE ROLE \(user) LOGIN; GRANT CONNECT, CREATE ON DATABASE \(cluster.database) TO \(owner)")
+        func uri(_ role: String) -> String {
+            "postgresql:///\(cluster.database)?host=\(cluster.socketDirectory)&port=\(cluster.port)&user=\(role)&container=\(name)"
+        }
+        let made = try Container.create(try ContainerLocation.parse(uri(owner)), password: secure(testPassword), options: fastOptions(recovery: false))
+        try cluster.psql("GRANT CONNECT ON DATABASE \(cluster.database) TO \(user); GRANT USAGE ON SCHEMA \(name) TO \(user); "
+                         + "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \(name) TO \(user)")
+        let theirs = try Container.open(try ContainerLocation.parse(uri(user)))
+        let (keys, _) = try theirs.unlock(passwordSecret(testPassword))
+        let store = try theirs.openStore(keys: keys)
+        defer { store.close() }
+        try store.putInode(9, sampleInode(size: 9))
+        try store.commit()
+        #expect(try store.inode(9)?.size == 9)
+        #expect(store.sizeOnDisk > 0)
+        _ = try theirs.addSlot(kind: .password, secret: secure("more"), kdf: testKDF, label: nil, keys: made.keys)
+    }
+}
