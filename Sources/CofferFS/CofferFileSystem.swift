@@ -7,7 +7,7 @@ import Synchronization
 
 /// POSIX filesystem semantics over the sealed entity store.
 ///
-/// Locking: `meta` guards the inode table, the handle tables and every multi-step store change,
+/// Locking: `meta` guards the inode table and every multi-step store change,
 /// so a group commit (also taken under `meta`) never splits an operation. Content reads and
 /// writes hold the inode's content lock and take `meta` only briefly; sealing and opening chunks
 /// happen outside `meta`, so several files encrypt in parallel. Order: content lock, then `meta`.
@@ -35,8 +35,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     let meta = Lock()
     var inodes: [InodeNumber: InodeState] = [:]
-    var files: [HandleID: OpenFile] = [:]
-    /// Unlinked inodes the kernel and every handle are done with, whose rows are still in the store
+    /// Unlinked inodes the kernel is done with, whose rows are still in the store
     /// (Reaping.swift). Under meta.
     var dying: [InodeNumber: InodeState] = [:]
     /// Forgets received so far: the reaper waits until they stop coming.
@@ -47,7 +46,6 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     var reapsWhenQuiet = false
     /// The committer thread's last look at `forgetsSeen`.
     var quietMark: UInt64 = 0
-    var nextHandle: HandleID = 1
     private var rolledBack = false
     private var stopped = false
     private var committer: Thread?
@@ -56,13 +54,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     public var isReadOnly: Bool { options.readOnly }
     /// Existing files are read and written by inode alone: an open costs the kernel no round trip.
     /// What an open would have guarded is covered otherwise: the kernel holds a lookup on every
-    /// open file, so an unlinked file stays (as an orphan) until its forget, not its last close.
+    /// open file, so an unlinked file stays (as an orphan) until its forget. There is no handle
+    /// table: `open` and `create` hand out `HandleID.none`, and nothing but `.none` is accepted.
     public var opensWithoutHandles: Bool { true }
-
-    struct OpenFile {
-        let ino: InodeNumber
-        let flags: Int32
-    }
 
     /// Opens the filesystem over an open store. Orphans left by a crash are removed first.
     public init(store: EntityStore, chunkSize: Int, options: Options, statfsPath: String, logger: Logger) throws(FSError) {
@@ -182,18 +176,18 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     /// The store dropped the open group transaction (the disk filled up): everything since the last
     /// commit is gone. Reread the cached records, and remember the error for every file that was
-    /// open or changed, so its next fsync reports it (as a kernel filesystem reports failed
+    /// changed, so its next fsync reports it (as a kernel filesystem reports failed
     /// write-back). What was committed before is untouched.
     private func reloadAfterRollback(_ error: FSError = .noSpace) {
         rolledBack = false
         logger.error("the store dropped uncommitted changes (\(error)); writes since the last commit are lost and fsync reports it")
         for (ino, s) in inodes {
-            if s.dirty || s.opens > 0 { s.writeError = error }
+            if s.dirty { s.writeError = error }
             s.dropChunkMap()
             if let r = try? store.inode(ino) {
                 // A stored record without links was written with its orphan row (`persist`).
                 s.record = r; s.dirty = false; s.deleted = false; s.orphaned = r.nlink == 0
-            } else if s.lookups == 0 && s.opens == 0 {
+            } else if s.lookups == 0 {
                 inodes[ino] = nil
             } else {
                 // Created inside the lost transaction: it no longer exists.
@@ -226,10 +220,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         s.dirty = false
     }
 
-    /// Drops an inode from memory once the kernel and all handles are done with it; deletes its
+    /// Drops an inode from memory once the kernel is done with it (its last forget); deletes its
     /// content when it has no name left.
     func release(ifUnused s: InodeState) {
-        guard s.lookups == 0, s.opens == 0 else { return }
+        guard s.lookups == 0 else { return }
         if s.record.nlink == 0 && !s.deleted {
             try? destroy(s)
         } else if s.dirty {
@@ -306,14 +300,14 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// A deleted file's space comes free at the kernel's forget, which follows `rm` at once but is
     /// handled on another thread and may lag behind the next writes under load. On a full disk a
     /// commit that runs first finds no room, and its group, the new writes included, is lost. So
-    /// when space is short, wait a little (at most 0.5 s) for the forgets of unlinked files that
-    /// no handle holds; a file really held open (without a handle) only costs that wait.
+    /// when space is short, wait a little (at most 0.5 s) for the forgets of unlinked files; a file
+    /// really held open (the kernel keeps its lookup) only costs that wait.
     private func awaitForgetsOnAFullDisk() {
         guard !options.readOnly, store.isLowOnSpace() else { return }
         reapAll()
         let deadline = ContinuousClock.now + .milliseconds(500)
         while ContinuousClock.now < deadline {
-            let pending = meta.withLock { inodes.values.contains { $0.record.nlink == 0 && !$0.deleted && $0.opens == 0 } }
+            let pending = meta.withLock { inodes.values.contains { $0.record.nlink == 0 && !$0.deleted } }
             guard pending else { return }
             usleep(5_000)
         }
@@ -358,11 +352,6 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         let stored = r.chunkCount.multipliedReportingOverflow(by: UInt64(chunkSize))
         let rounded = (r.size + 511) / 512 * 512
         return (stored.overflow ? rounded : min(stored.partialValue, rounded)) / 512
-    }
-
-    func newHandle() -> HandleID {
-        defer { nextHandle &+= 1 }
-        return nextHandle
     }
 
     static func validate(name: [UInt8]) throws(FSError) {

@@ -6,24 +6,19 @@ import Glibc
 /// A chunk holds the bytes written into it up to the end of the data; bytes past a chunk's
 /// plaintext inside the file size read as zeros (holes).
 extension CofferFileSystem {
+    /// A mount never calls this (OPEN is answered ENOSYS: `opensWithoutHandles`); it opens as the
+    /// kernel then does: no handle, O_TRUNC as a truncate.
     public func open(_ ino: InodeNumber, flags: Int32, caller: Caller) throws(FSError) -> OpenResult {
         let writing = flags & O_ACCMODE != O_RDONLY
         if writing || flags & O_TRUNC != 0 { try checkWritable() }
         let s = try meta.withLock { () throws(FSError) -> InodeState in
             let s = try state(ino)
             if s.isDirectory { throw .isDirectory }
-            s.opens += 1
             return s
         }
-        if flags & O_TRUNC != 0 && s.isRegular {
-            do { try truncate(s, to: 0) } catch { meta.withLock { s.opens -= 1 }; throw error }
-        }
-        return meta.withLock {
-            let h = newHandle()
-            files[h] = OpenFile(ino: ino, flags: flags)
-            // The kernel's page cache stays valid across opens: every change goes through us.
-            return OpenResult(handle: h, keepCache: true)
-        }
+        if flags & O_TRUNC != 0 && s.isRegular { try truncate(s, to: 0) }
+        // The kernel's page cache stays valid across opens: every change goes through us.
+        return OpenResult(handle: .none, keepCache: true)
     }
 
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
@@ -36,19 +31,9 @@ extension CofferFileSystem {
         }
     }
 
-    public func release(_ ino: InodeNumber, handle: HandleID) {
-        meta.withLock {
-            guard files.removeValue(forKey: handle) != nil, let s = inodes[ino] else { return }
-            s.opens -= 1
-            // A closed file keeps no plaintext tail (memory stays bounded by the open files). A
-            // failure here is reported by the next fsync, as failed write-back is. An unlinked
-            // file may still be open without a handle: it goes with the kernel's forget.
-            if s.opens == 0 && s.tail != nil && s.record.nlink > 0 {
-                do throws(FSError) { try flushTail(s) } catch { s.writeError = error }
-            }
-            release(ifUnused: s)
-        }
-    }
+    /// Nothing to do: no handle was handed out. A file's plaintext tail goes at the group commit or
+    /// the forget; an unlinked file goes with the kernel's forget.
+    public func release(_ ino: InodeNumber, handle: HandleID) {}
 
 
     /// Durable once it returns: the group transaction, with this file in it, is committed.
@@ -64,7 +49,7 @@ extension CofferFileSystem {
 
     public func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8] {
         let s = try meta.withLock { () throws(FSError) -> InodeState in
-            guard handle == .none || files[handle] != nil else { throw .badHandle }
+            guard handle == .none else { throw .badHandle }
             return try state(ino)
         }
         return try s.content.withReadLock { () throws(FSError) -> [UInt8] in
@@ -155,18 +140,17 @@ extension CofferFileSystem {
 
     public func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
         try checkWritable()
-        let (s, flags) = try meta.withLock { () throws(FSError) -> (InodeState, Int32) in
+        let s = try meta.withLock { () throws(FSError) -> InodeState in
             // Without a handle the kernel has placed O_APPEND writes at the end already.
-            if handle == .none { return (try state(ino), O_RDWR) }
-            guard let f = files[handle] else { throw .badHandle }
-            return (try state(ino), f.flags)
+            guard handle == .none else { throw .badHandle }
+            return try state(ino)
         }
         guard s.isRegular else { throw .invalid }
         guard !data.isEmpty else { return 0 }
         try s.content.withWriteLock { () throws(FSError) in
             enum Plan { case done, loadTail(FileContent, UInt64), seal(FileContent) }
             let (start, oldSize, plan) = try meta.withLock { () throws(FSError) -> (UInt64, UInt64, Plan) in
-                let start = flags & O_APPEND != 0 ? s.record.size : offset
+                let start = offset
                 let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
                 guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
                 let index = fitsTail(start: start, end: end, newSize: max(s.record.size, end))

@@ -146,7 +146,7 @@ public typealias HandleID = UInt64
 
 extension HandleID {
     /// What reads and writes carry on a file the kernel opened without asking the filesystem
-    /// (`FileSystemOperations.opensWithoutHandles`). Real handles start at 1.
+    /// (`FileSystemOperations.opensWithoutHandles`). A filesystem with handles starts them at 1.
     public static let none: HandleID = 0
 }
 

@@ -3,20 +3,19 @@ import CofferStore
 import Glibc
 
 /// What the filesystem keeps in memory about an inode the kernel knows: its decoded record (the
-/// authority while mounted; written back lazily), the kernel's lookup count and open handles.
+/// authority while mounted; written back lazily) and the kernel's lookup count.
 final class InodeState: @unchecked Sendable {
     let ino: InodeNumber
     var record: InodeRecord
     /// References the kernel holds (lookup, create, readdirplus...), dropped by forget.
     var lookups: UInt64 = 0
-    var opens = 0
     /// The record changed in memory and is not yet in the store.
     var dirty = false
-    /// The inode row was deleted (nlink 0, nothing open); kept only for the kernel's last references.
+    /// The inode row was deleted (nlink 0, no kernel reference); kept only for the kernel's last references.
     var deleted = false
     /// Changes to this file were lost when the store rolled back (disk full): the next fsync says so.
     var writeError: FSError?
-    /// Unlinked while open: listed in the store's orphans until its last close.
+    /// Unlinked while the kernel still holds it (it may be open): listed in the store's orphans until its forget.
     var orphaned = false
     /// Serializes content changes; reads share it. Striped (one of a fixed set by inode number)
     /// rather than one per inode: 100,000 known inodes must not mean 100,000 locks.

@@ -18,7 +18,7 @@ extension CofferFileSystem {
         let removed = meta.withLock { () -> Bool in
             guard let s = inodes[ino] else { return false }
             s.lookups = s.lookups > lookups ? s.lookups - lookups : 0
-            guard s.lookups == 0 && s.opens == 0 && (s.record.nlink == 0 || s.dirty) else {
+            guard s.lookups == 0 && (s.record.nlink == 0 || s.dirty) else {
                 release(ifUnused: s)
                 return false
             }
@@ -192,9 +192,9 @@ extension CofferFileSystem {
         try commitIfDue()
     }
 
-    /// One name fewer: the inode goes when its last name goes and nothing holds it: no handle
-    /// and no kernel reference (files opened without a handle are held by the kernel's lookup).
-    /// A held file without names stays and goes at its last close and forget. For `rm` the forget
+    /// One name fewer: the inode goes when its last name goes and the kernel holds no reference
+    /// (an open file is held by the kernel's lookup). A held file without names stays and goes at
+    /// its forget. For `rm` the forget
     /// follows at once, mostly before the next commit: so the record (and its orphan row, which
     /// makes a crash clean it up at next mount) is written only if a commit comes first, and a
     /// full disk is not asked for room to delete a file.
@@ -202,7 +202,7 @@ extension CofferFileSystem {
         s.record.nlink = s.record.nlink > 0 ? s.record.nlink - 1 : 0
         s.record.ctime = now
         if s.record.nlink > 0 { try persist(s); return }
-        if s.opens > 0 || s.lookups > 0 {
+        if s.lookups > 0 {
             s.dirty = true
         } else {
             try destroy(s)

@@ -19,7 +19,7 @@ struct LifecycleTests {
         expectError(FSError.notFound) { _ = try f.fs.lookup(parent: root, name: b("tmp")) }
         #expect(try f.list().isEmpty)
         #expect(try f.fs.getattr(ino).nlink == 0)
-        // Still readable and writable through the handle.
+        // Still readable and writable by inode (as the kernel holding it reads and writes).
         #expect(try f.fs.read(ino, handle: h, offset: 9_998, size: 10) == [1, 1])
         try f.write(ino, h, at: 10_000, b("more"))
         #expect(try f.fs.read(ino, handle: h, offset: 9_999, size: 10) == [1] + b("more"))
@@ -28,7 +28,7 @@ struct LifecycleTests {
         try f.fs.commit()
         #expect(try f.store.orphans() == [ino])
         #expect(try f.store.chunkIndices(file: cid) == [0, 1, 2])
-        // A second handle keeps it alive after the first closes.
+        // Opening and closing again changes nothing: the kernel's lookup holds it.
         let h2 = try f.fs.open(ino, flags: O_RDONLY, caller: caller).handle
         f.fs.release(ino, handle: h)
         #expect(try f.fs.read(ino, handle: h2, offset: 0, size: 1) == [1])
@@ -37,7 +37,7 @@ struct LifecycleTests {
         // The kernel still holds it (another process may read it without a handle).
         #expect(try f.fs.read(ino, handle: .none, offset: 0, size: 1) == [1])
         #expect(try f.store.orphans() == [ino])
-        // Gone with the last close and the kernel's forget: inode, chunks, xattrs, orphan row.
+        // Gone with the kernel's forget: inode, chunks, xattrs, orphan row.
         f.fs.forget(ino, lookups: 1)
         #expect(try f.leftovers(ino, content: cid).isEmpty)
         #expect(try f.store.orphans().isEmpty)
