@@ -144,20 +144,14 @@ struct FirstUseTests {
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
         func flags() throws -> Set<Substring> { Set(try #require(E2E.mountEntry(at: sb.mnt)).options.split(separator: ",")) }
-        let exe = try sb.dotFreeCoffer()
-        func viaMount8(_ options: String) -> RunResult {
-            let r = E2E.run("/bin/mount", ["-t", "fuse." + exe, sb.container, sb.mnt, "-o", "passfile=\(sb.passfile)" + options])
-            sb.noteDaemon()
-            return r
-        }
-        let forms: [(String, () -> RunResult, Bool)] = [
+        let forms: [(String, () throws -> RunResult, Bool)] = [
             ("coffer mount", { sb.mount() }, true),
-            ("mount -t fuse.coffer", { viaMount8("") }, true),
+            ("mount -t fuse.coffer", { try sb.mountWithMount8() }, true),
             ("coffer mount -o suid,dev", { sb.mount(options: "suid,dev") }, false),
-            ("mount -t fuse.coffer -o allow_suid,allow_dev", { viaMount8(",allow_suid,allow_dev") }, false),
+            ("mount -t fuse.coffer -o allow_suid,allow_dev", { try sb.mountWithMount8(options: "allow_suid,allow_dev") }, false),
         ]
         for (form, mount, restricted) in forms {
-            let r = mount()
+            let r = try mount()
             try #require(r.ok, "\(form): \(r)")
             let f = try flags()
             #expect(f.contains("nosuid") == restricted && f.contains("nodev") == restricted, "\(form): \(f)")

@@ -390,6 +390,16 @@ final class Sandbox: @unchecked Sendable {
         return path
     }
 
+    /// `mount -t fuse./PATH/coffer SOURCE m -o passfile=pass[,OPTIONS]`: mount(8), through mount.fuse3.
+    @discardableResult
+    func mountWithMount8(source: String? = nil, options: String = "") throws -> RunResult {
+        let exe = try dotFreeCoffer()
+        let extra = options.isEmpty ? "" : "," + options
+        let r = E2E.run("/bin/mount", ["-t", "fuse." + exe, source ?? container, mnt, "-o", "passfile=\(passfile)" + extra])
+        noteDaemon(container: source)
+        return r
+    }
+
     /// `coffer unmount m`.
     @discardableResult
     func unmount(_ mountpoint: String? = nil) -> RunResult {
