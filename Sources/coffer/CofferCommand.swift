@@ -20,7 +20,8 @@ struct CofferCommand: ParsableCommand {
                       FsckCommand.self, VersionCommand.self])
 
     static var subcommandNames: Set<String> {
-        Set(configuration.subcommands.compactMap { $0.configuration.commandName }).union(["help", "--help", "-h"])
+        Set(configuration.subcommands.flatMap { [$0.configuration.commandName].compactMap { $0 } + $0.configuration.aliases })
+            .union(["help", "--help", "-h"])
     }
 }
 

@@ -60,13 +60,19 @@ final class ContainerLock {
     /// lock held by a daemon whose mount is gone: it waits for it, up to `seconds`, saying so.
     static func awaitDaemonWithoutMount(root: String, seconds: Double = 60) {
         func finishing() -> pid_t? {
-            guard let pid = holder(root: root), MountTable.entries(source: root).isEmpty else { return nil }
+            guard let pid = holder(root: root), MountTable.entries(source: root).isEmpty, !isFsck(pid) else { return nil }
             return pid
         }
         guard let pid = finishing() else { return }
         printErr("coffer: waiting for the daemon of an earlier mount of \(root) (pid \(pid > 0 ? String(pid) : "?")) to finish committing")
         let deadline = Date().addingTimeInterval(seconds)
         while finishing() != nil, Date() < deadline { usleep(50_000) }
+    }
+
+    /// `coffer fsck` holds the lock without a mount, and not for a moment: nothing to wait for.
+    private static func isFsck(_ pid: pid_t) -> Bool {
+        guard pid > 0, let argv = try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8) else { return false }
+        return argv.split(separator: "\0").dropFirst().first == "fsck"
     }
 
     /// The process holding an flock on the file (device, inode), from /proc/locks, whose lines read

@@ -32,6 +32,9 @@ struct FirstUseTests {
         // On a terminal nothing asks for a password either.
         let tty = E2E.onTerminal([E2E.coffer, "inof", sb.container], answers: [])
         #expect(tty.status == 64 && !tty.stdout.contains("assword: "), "\(tty)")
+        // Aliases are commands too.
+        let alias = E2E.coffer(["umount", sb.mnt])
+        #expect(alias.status == 14 && alias.stderr.contains("not a mounted Coffer container"), "\(alias)")
         // A path that is not a container is not taken for a mount.
         let notContainer = E2E.coffer([sb.mnt, sb.mnt])
         #expect(notContainer.status == 64 && notContainer.stderr.contains("not a Coffer container"), "\(notContainer)")
@@ -56,6 +59,7 @@ struct FirstUseTests {
             (["mount", sb.container, sb.root + "/nomnt"], 14),
             (["init", sb.container], 10),
             (["passwd", sb.root + "/missing"], 10),
+            (["passwd", sb.container, "--new-passfile", sb.root + "/missing"], 17),
             (["info", "--unlock", sb.root + "/missing"], 10),
             (["fsck", sb.root + "/missing"], 8),
         ]
