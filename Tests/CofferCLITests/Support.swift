@@ -283,12 +283,19 @@ enum E2E {
     }
 
     /// The rollback ledger of every coffer the tests run (`COFFER_STATE_DIR`, set in each child's environment
-    /// unless the test sets it): never the user's ~/.local/state/coffer. Removed when the test process exits.
+    /// unless the test sets it): never the user's ~/.local/state/coffer. Removed when the test process exits;
+    /// one left by a run that did not exit normally (its pid in the name is gone) is removed by the next run.
     static let stateDirectory: String = {
-        var template = Array("/tmp/coffer-e2e-state-XXXXXX".utf8CString)
+        let prefix = "coffer-e2e-state-"
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? [] where name.hasPrefix(prefix) {
+            if let pid = pid_t(name.dropFirst(prefix.count).prefix { $0 != "-" }), !isAlive(pid) {
+                try? FileManager.default.removeItem(atPath: "/tmp/" + name)
+            }
+        }
+        var template = Array("/tmp/\(prefix)\(getpid())-XXXXXX".utf8CString)
         let dir = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }.map { String(cString: $0) }
         atexit { E2E.removeStateDirectory() }
-        return dir ?? "/tmp/coffer-e2e-state-\(getpid())"
+        return dir ?? "/tmp/\(prefix)\(getpid())"
     }()
 
     static func removeStateDirectory() {
