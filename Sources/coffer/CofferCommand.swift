@@ -7,18 +7,21 @@ struct CofferCommand: ParsableCommand {
         commandName: "coffer",
         abstract: "Coffer: an encrypted document filesystem.",
         discussion: """
-            A container is a directory holding an encrypted entity store. `coffer mount` shows it as a
-            directory of plain files. Also usable as `mount -t fuse.coffer CONTAINER DIR -o passfile=FILE`.
-            Exit statuses: 0 ok, 1 failure, 10 no container, 11 header refused, 12 wrong password,
-            13 store damaged, 14 bad mountpoint, 15 already mounted, 16 mount failed, 17 bad password input,
-            18 store older than last seen (rollback), 64 usage error. `coffer fsck` has its own, as fsck(8)
+            A container is a directory holding an encrypted entity store. `coffer mount` shows it as a \
+            directory of plain files. Also usable as `mount -t fuse.coffer CONTAINER DIR -o passfile=FILE` \
+            (mount(8) runs `coffer CONTAINER DIR -o OPTIONS`).
+
+            Exit statuses: 0 ok, 1 failure, 10 no container, 11 header refused, 12 wrong password, \
+            13 store damaged, 14 bad mountpoint, 15 already mounted, 16 mount failed, 17 bad password input, \
+            18 store older than last seen (rollback), 64 usage error. `coffer fsck` has its own, as fsck(8) \
             (see `coffer fsck --help`).
             """,
         subcommands: [InitCommand.self, InfoCommand.self, PasswdCommand.self, MountCommand.self, UnmountCommand.self,
-                      FsckCommand.self])
+                      FsckCommand.self, VersionCommand.self])
 
     static var subcommandNames: Set<String> {
-        Set(configuration.subcommands.compactMap { $0.configuration.commandName }).union(["help", "--help", "-h"])
+        Set(configuration.subcommands.flatMap { [$0.configuration.commandName].compactMap { $0 } + $0.configuration.aliases })
+            .union(["help", "--help", "-h"])
     }
 }
 
@@ -55,6 +58,7 @@ enum ExitStatus {
     static let mountFailed: Int32 = 16
     static let badPasswordInput: Int32 = 17
     static let rollback: Int32 = 18
+    static let usage: Int32 = 64
 }
 
 /// Runs a command body, turning any failure into one clear line and its exit status.

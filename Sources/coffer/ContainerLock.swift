@@ -1,55 +1,78 @@
 import Foundation
 import Glibc
 
-/// At most one mount per container: an flock on `coffer.lock` in the container. The kernel drops it
-/// when the daemon dies, so a lock left by a killed daemon is simply taken over.
-///
-/// In a container that cannot be written (read-only medium or directory) the lock is taken through a
-/// read-only descriptor (flock needs none other), so a daemon serving the same container through another
-/// path is still noticed; the pid cannot be recorded there (`holder` finds it in the kernel's lock table),
-/// and with no lock file there is nothing to lock.
+/// At most one mount per container: an flock on the container directory itself, through an O_RDONLY
+/// descriptor, so no lock file is left behind for a sync tool to upload. The kernel drops the lock
+/// when the daemon dies, so a lock left by a killed daemon is simply taken over; flock needs no write
+/// access, so a read-only container is locked the same way. The holder's pid comes from the kernel's
+/// lock table (/proc/locks).
 final class ContainerLock {
-    static let fileName = "coffer.lock"
+    /// The lock file of earlier versions: still honoured while an older daemon may hold it, then removed.
+    static let legacyFileName = "coffer.lock"
     private let fd: Int32
 
     init(root: String) throws {
-        let path = root + "/" + Self.fileName
-        var fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        let writable = fd >= 0
-        if !writable, errno == EROFS || errno == EACCES {
-            fd = open(path, O_RDONLY | O_CLOEXEC)
-            if fd < 0, errno == ENOENT { self.fd = -1; return }
-        }
+        let fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else {
-            throw CLIFailure(message: "cannot create the mount lock \(path): \(String(cString: strerror(errno)))", code: ExitStatus.failure)
+            throw CLIFailure(message: "cannot open \(root) to lock it: \(String(cString: strerror(errno)))", code: ExitStatus.failure)
         }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0, !Self.legacyFileIsLocked(root: root) else {
             close(fd)
-            let pid = Self.holder(root: root).map { String($0) } ?? "?"
-            throw CLIFailure(message: "the container is already mounted (daemon pid \(pid))", code: ExitStatus.alreadyMounted)
-        }
-        if writable {
-            ftruncate(fd, 0)
-            let text = "\(getpid())\n"
-            _ = text.withCString { pwrite(fd, $0, strlen($0), 0) }
+            throw Self.alreadyMounted(root: root)
         }
         self.fd = fd
+        unlink(root + "/" + Self.legacyFileName)
     }
 
-    /// The pid of the daemon holding the lock, if one holds it. The kernel's lock table names it even
-    /// where the file could not be written (a read-only container keeps an older daemon's pid); the
-    /// pid in the file is the answer only when the table cannot be read.
+    deinit { close(fd) }
+
+    /// "already mounted", saying where and by which daemon.
+    static func alreadyMounted(root: String) -> CLIFailure {
+        let pid = holder(root: root).map { $0 > 0 ? String($0) : "?" } ?? "?"
+        let places = MountTable.entries(source: root).map(\.mountpoint)
+        let where_ = places.isEmpty ? "" : " on " + places.joined(separator: ", ")
+        return CLIFailure(message: "the container is already mounted\(where_) (daemon pid \(pid))", code: ExitStatus.alreadyMounted)
+    }
+
+    /// Whether a daemon holds the lock: its pid, 0 when the kernel's lock table cannot say, nil when none.
     static func holder(root: String) -> pid_t? {
-        let fd = open(root + "/" + fileName, O_RDONLY | O_CLOEXEC)
+        let fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        guard flock(fd, LOCK_SH | LOCK_NB) != 0 else { flock(fd, LOCK_UN); return nil }
+        guard flock(fd, LOCK_SH | LOCK_NB) != 0 else { flock(fd, LOCK_UN); return legacyFileIsLocked(root: root) ? 0 : nil }
         var st = stat()
-        if fstat(fd, &st) == 0, let pid = flockHolder(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)) { return pid }
-        var buf = [UInt8](repeating: 0, count: 32)
-        let n = pread(fd, &buf, 31, 0)
-        guard n > 0 else { return nil }
-        return pid_t(String(decoding: buf[0 ..< n], as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        guard fstat(fd, &st) == 0 else { return 0 }
+        return flockHolder(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)) ?? 0
+    }
+
+    /// A daemon of an earlier version holds its flock on `coffer.lock`.
+    private static func legacyFileIsLocked(root: String) -> Bool {
+        let fd = open(root + "/" + legacyFileName, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        guard flock(fd, LOCK_SH | LOCK_NB) == 0 else { return true }
+        flock(fd, LOCK_UN)
+        return false
+    }
+
+    /// After `fusermount3 -u` the daemon still commits and closes the store before it lets the lock go
+    /// (`coffer unmount` waits for that; fusermount3 and umount(8) do not). A mount started then finds the
+    /// lock held by a daemon whose mount is gone: it waits for it, up to `seconds`, saying so.
+    static func awaitDaemonWithoutMount(root: String, seconds: Double = 60) {
+        func finishing() -> pid_t? {
+            guard let pid = holder(root: root), MountTable.entries(source: root).isEmpty, !isFsck(pid) else { return nil }
+            return pid
+        }
+        guard let pid = finishing() else { return }
+        printErr("coffer: waiting for the daemon of an earlier mount of \(root) (pid \(pid > 0 ? String(pid) : "?")) to finish committing")
+        let deadline = Date().addingTimeInterval(seconds)
+        while finishing() != nil, Date() < deadline { usleep(50_000) }
+    }
+
+    /// `coffer fsck` holds the lock without a mount, and not for a moment: nothing to wait for.
+    private static func isFsck(_ pid: pid_t) -> Bool {
+        guard pid > 0, let argv = try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8) else { return false }
+        return argv.split(separator: "\0").dropFirst().first == "fsck"
     }
 
     /// The process holding an flock on the file (device, inode), from /proc/locks, whose lines read
@@ -68,6 +91,4 @@ final class ContainerLock {
         }
         return nil
     }
-
-    deinit { if fd >= 0 { close(fd) } }
 }

@@ -66,6 +66,7 @@ struct FsckCommand: ParsableCommand {
         do {
             c = try Container.open(at: container)
             report.container = c.root
+            ContainerLock.awaitDaemonWithoutMount(root: c.root)
             do { lock = try ContainerLock(root: c.root) } catch let f as CLIFailure where f.code == ExitStatus.alreadyMounted {
                 let pid = ContainerLock.holder(root: c.root).map { String($0) } ?? "?"
                 return fail("container is mounted (pid \(pid)) — unmount it first", &report)

@@ -17,6 +17,9 @@ struct InfoCommand: ParsableCommand {
     func run() throws {
         try reportingFailures {
             let c = try Container.open(at: container)
+            // The secret first: a source that fails must fail before the header is printed.
+            let given = unlock || secret.isGiven ? try secret.secret() : nil
+            defer { given?.bytes.wipe() }
             let h = c.header
             print("Container:      \(c.root)")
             print("Format:         \(h.format) version \(h.version)")
@@ -28,8 +31,8 @@ struct InfoCommand: ParsableCommand {
             for slot in h.slots {
                 print("  \(slot.id)  \(slot.kind.rawValue.padding(toLength: 9, withPad: " ", startingAt: 0)) \(describe(slot.kdf))\(slot.label.map { "  \"\($0)\"" } ?? "")")
             }
-            guard unlock || secret.isGiven else { return }
-            let (keys, slotId) = try secret.unlock(c)
+            guard let given else { return }
+            let (keys, slotId) = try c.unlock(given)
             defer { keys.wipe() }
             if let pid = ContainerLock.holder(root: c.root) {
                 // A daemon holds the store for itself while mounted (EntityStore.exclusiveByDefault).

@@ -1,6 +1,7 @@
 import ArgumentParser
 import CofferStore
 import Foundation
+import Glibc
 
 struct InitCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -9,7 +10,7 @@ struct InitCommand: ParsableCommand {
     @Argument(help: "The container directory to create (missing or empty).")
     var container: String
 
-    @OptionGroup var secret: SecretOptions
+    @OptionGroup var secret: PasswordSource
     @OptionGroup var kdf: KDFOptions
 
     @Option(help: "Content chunk size in bytes (4096, 16384, 32768, 65536 or 131072).")
@@ -20,11 +21,27 @@ struct InitCommand: ParsableCommand {
 
     func validate() throws {
         guard [4096, 16384, 32768, 65536, 131072].contains(chunkSize) else { throw ValidationError("unsupported --chunk-size \(chunkSize)") }
-        if secret.keyfile != nil { throw ValidationError("init takes a password; add a key file later with `coffer passwd --add-keyfile`") }
+        if secret.passfile != nil, secret.extpass != nil { throw ValidationError("give only one of --passfile, --extpass") }
+    }
+
+    /// Refuses a place where no container can be created before the password is asked.
+    func checkTarget() throws {
+        let path = Container.absolutePath(container)
+        var st = stat()
+        if stat(path, &st) == 0 {
+            guard (st.st_mode & S_IFMT) == S_IFDIR else { throw ContainerError.notADirectory(container) }
+            guard (try? FileManager.default.contentsOfDirectory(atPath: path))?.isEmpty == true else { throw ContainerError.alreadyExists(container) }
+        } else {
+            let parent = (path as NSString).deletingLastPathComponent
+            guard access(parent, W_OK) == 0 else {
+                throw CLIFailure(message: "\(container): cannot create it in \(parent): \(String(cString: strerror(errno)))", code: ExitStatus.noContainer)
+            }
+        }
     }
 
     func run() throws {
         try reportingFailures {
+            try checkTarget()
             let password = try secret.password(prompt: "New password: ", confirm: true)
             defer { password.wipe() }
             var options = Container.CreateOptions()

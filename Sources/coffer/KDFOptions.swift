@@ -3,9 +3,9 @@ import CofferStore
 
 /// Key-derivation cost, for init and for new key slots.
 struct KDFOptions: ParsableArguments {
-    enum Algorithm: String, ExpressibleByArgument { case argon2id, scrypt }
+    enum Algorithm: String, ExpressibleByArgument, CaseIterable { case argon2id, scrypt }
 
-    @Option(help: "Key derivation: argon2id (default) or scrypt.")
+    @Option(help: "Key derivation function.")
     var kdf: Algorithm = .argon2id
 
     @Option(help: "Argon2id passes (at least 2).")

@@ -12,25 +12,25 @@ struct MountCommand: ParsableCommand {
         commandName: "mount",
         abstract: "Mount a container on an empty directory.",
         discussion: """
-            Returns once the mount answers, leaving the daemon in the background (-f: stay in the
-            foreground; SIGINT/SIGTERM unmount). Unmount with `coffer unmount DIR` or `fusermount3 -u DIR`.
-            Options (-o, comma-separated): passfile=FILE, extpass=CMD, keyfile=FILE, ro, allow_other,
-            default_permissions (always on), debug, auto_unmount, nonempty, plain_symlinks (store absolute
-            symlink targets inside the mount as given), no_writeback_cache (turns off the kernel's writeback
-            cache, on by default: writes reach the daemon in batches, errors show at fsync or close;
-            writeback_cache is accepted), and the mount flags noatime, nodev, nosuid, noexec (and their
-            opposites).
-            --config FILE reads container, mountpoint, password source and options from FILE (`key = value`
-            lines: container, mountpoint, passfile, keyfile, extpass, credential, options; relative paths
-            are relative to FILE's directory). The coffer@NAME user service runs
-            `coffer mount -f --config ~/.config/coffer/NAME.conf`. Under a service manager (NOTIFY_SOCKET)
-            it reports READY=1 once the mount answers, STOPPING=1 when unmounting, and pings WATCHDOG=1.
+            Returns once the mount answers, leaving the daemon in the background (-f: stay in the foreground; \
+            SIGINT/SIGTERM unmount). Unmount with `coffer unmount DIR`, which returns once everything is \
+            committed, or `fusermount3 -u DIR`. The container and the mountpoint are checked before any \
+            password is asked.
+
+            Options (-o, comma-separated; also from mount(8) and fstab):
+            \(MountOptionSet.helpText)
+
+            --config FILE reads container, mountpoint, password source and options from FILE (`key = value` \
+            lines: container, mountpoint, passfile, keyfile, extpass, credential, options; relative paths are \
+            relative to FILE's directory). The coffer@NAME user service runs \
+            `coffer mount -f --config ~/.config/coffer/NAME.conf`. Under a service manager (NOTIFY_SOCKET) it \
+            reports READY=1 once the mount answers, STOPPING=1 when unmounting, and pings WATCHDOG=1.
             """)
 
     @Argument(help: "The container directory (or give --config).")
     var container: String?
 
-    @Argument(help: "The mountpoint: an existing empty directory (or give --config).")
+    @Argument(help: "The mountpoint: an existing empty directory that is not a mountpoint (or give --config).")
     var mountpoint: String?
 
     @Option(name: .customLong("config"), help: "Read container, mountpoint, password source and options from FILE.")
@@ -112,6 +112,8 @@ struct MountCommand: ParsableCommand {
         } else {
             notifier?.status("Starting the mount daemon")
             try reportingFailures {
+                // The daemon checks all this again, but only after the launcher has asked for the secret.
+                try checkBeforeSecrets(t, options: opts, secret: secretOptions)
                 let pid = try Daemonizer.startInBackground(secret: secretOptions, arguments: backgroundArguments(t, readOnly: opts.readOnly))
                 // The daemon is another process: the manager must watch it, not this launcher.
                 notifier?.ready(mainPid: pid, status: "Mounted \(Container.absolutePath(t.container)) on \(Container.absolutePath(t.mountpoint))")
@@ -161,9 +163,10 @@ struct MountCommand: ParsableCommand {
 
     func prepare(target t: Target, options opts: MountOptionSet, secret: SecretOptions, logger: Logger, notifier: ServiceNotifier?) throws -> PreparedMount {
         notifier?.status("Opening the container \(Container.absolutePath(t.container))")
-        let c = try Container.open(at: t.container)
+        let c = try Self.openContainer(t.container)
         let mnt = Container.absolutePath(t.mountpoint)
         try Mountpoint.check(mnt, allowNonEmpty: opts.nonempty)
+        ContainerLock.awaitDaemonWithoutMount(root: c.root)
         let lock = try ContainerLock(root: c.root)
         notifier?.status("Unlocking the container")
         let keys = try secret.unlock(c).keys
@@ -198,6 +201,22 @@ struct MountCommand: ParsableCommand {
 }
 
 extension MountCommand {
+    /// Everything that can be refused without a secret is refused before one is asked (a prompt for a
+    /// container that does not exist, or for a mount that cannot happen, wastes the user's time): the
+    /// container, the mountpoint, the lock, and the password source.
+    func checkBeforeSecrets(_ t: Target, options opts: MountOptionSet, secret: SecretOptions) throws {
+        let c = try Self.openContainer(t.container)
+        try Mountpoint.check(Container.absolutePath(t.mountpoint), allowNonEmpty: opts.nonempty)
+        ContainerLock.awaitDaemonWithoutMount(root: c.root)
+        if ContainerLock.holder(root: c.root) != nil { throw ContainerLock.alreadyMounted(root: c.root) }
+        try secret.checkSource()
+    }
+
+    static func openContainer(_ source: String) throws -> Container {
+        if ContainerURI.isURI(source) { throw ContainerURI.refuse(source) }
+        return try Container.open(at: source)
+    }
+
     /// A container that cannot be written (read-only medium or bind mount, a directory or store without
     /// write permission) mounts read-only with one notice line, as users expect of read-only media; an
     /// explicit `-o rw` is refused. mount(8) passes `rw` whenever `ro` is not given, so in its argv form
@@ -296,6 +315,10 @@ enum Mountpoint {
             throw CLIFailure(message: "mountpoint \(path): \(String(cString: strerror(errno)))", code: ExitStatus.badMountpoint)
         }
         guard (st.st_mode & S_IFMT) == S_IFDIR else { throw CLIFailure(message: "mountpoint \(path) is not a directory", code: ExitStatus.badMountpoint) }
+        // Mounting over a mount hides it and stacks two filesystems on one path.
+        if !allowNonEmpty, let under = MountTable.entry(at: path) {
+            throw CLIFailure(message: "mountpoint \(path) is already a mountpoint (\(under.source), \(under.type)); unmount it first (or use -o nonempty to mount over it anyway)", code: ExitStatus.badMountpoint)
+        }
         if !allowNonEmpty, let items = try? FileManager.default.contentsOfDirectory(atPath: path), !items.isEmpty {
             throw CLIFailure(message: "mountpoint \(path) is not empty (use -o nonempty to mount over it anyway)", code: ExitStatus.badMountpoint)
         }

@@ -1,4 +1,5 @@
 import CofferFUSE
+import Foundation
 
 /// The `-o` options of `coffer mount` and of `mount -t fuse.coffer` / fstab lines.
 struct MountOptionSet {
@@ -18,17 +19,59 @@ struct MountOptionSet {
     var singleThreaded = false
     var maxThreads: UInt32?
     var allowRollback = false
+    /// Set-user-ID programs and device files are not honoured in the mount unless asked (`suid`, `dev`),
+    /// in every form: libfuse defaults to nosuid,nodev, but mount.fuse3 asks for suid,dev (see `fromMountHelper`).
+    var nosuid = true
+    var nodev = true
     var passthrough: [String] = []
 
     /// Kernel mount flags and FUSE options handed on as they are.
-    static let passthroughFlags: Set<String> = ["noatime", "atime", "relatime", "strictatime", "nodiratime", "nodev", "dev", "nosuid", "suid", "noexec", "exec", "sync", "async", "dirsync"]
+    static let passthroughFlags: Set<String> = ["noatime", "atime", "relatime", "strictatime", "nodiratime", "noexec", "exec", "sync", "async", "dirsync"]
     /// Options that mount(8) and fstab use and that concern no one after mount.fuse3.
     static let ignored: Set<String> = ["rw", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "nofail", "_netdev", "default_permissions"]
     static let passthroughValued: Set<String> = ["max_read", "fsname", "subtype"]
 
+    /// The options users write, with what each does: the one list behind `coffer help mount`, the
+    /// unknown-option error and the man page.
+    static let documented: [(names: [String], help: String)] = [
+        (["passfile=FILE"], "read the password from the first line of FILE"),
+        (["extpass=CMD"], "run CMD with /bin/sh -c and use the first line it prints as the password"),
+        (["keyfile=FILE"], "open with a key file slot (the whole content of FILE)"),
+        (["ro"], "mount read-only"),
+        (["allow_other"], "let other users in (the kernel still checks permissions)"),
+        (["default_permissions"], "always on: the kernel checks permissions for every caller"),
+        (["debug"], "log at level debug"),
+        (["auto_unmount"], "unmount when the daemon ends"),
+        (["nonempty"], "mount over a non-empty directory or over an existing mount"),
+        (["plain_symlinks"], "store absolute symlink targets inside the mount as given"),
+        (["no_writeback_cache"], "turn off the kernel's writeback cache (on by default: writes reach the daemon in batches, errors show at fsync or close; writeback_cache is accepted)"),
+        (["writeback_cache"], "the default"),
+        (["allow_rollback"], "mount a store older than the newest this machine has seen (as --allow-rollback)"),
+        (["max_threads=N"], "worker threads, 1 to 256 (default: one more than cores)"),
+        (["suid", "dev"], "honour set-user-ID programs and device files (nosuid,nodev is the default in every form; through mount(8) and fstab write allow_suid, allow_dev: mount.fuse3 asks for suid,dev whatever was written)"),
+        (["noatime", "noexec", "sync", "dirsync"], "mount flags, and their opposites (atime, exec, async)"),
+    ]
+
+    /// The option names alone, for the unknown-option error.
+    static var documentedNames: String {
+        documented.flatMap(\.names).joined(separator: ", ")
+    }
+
+    /// One option a line, for help texts (argument-parser wraps each line).
+    static var helpText: String {
+        documented.map { "  \($0.names.joined(separator: ", ")): \($0.help)" }.joined(separator: "\n")
+    }
+
+    /// mount.fuse3 adds `dev,suid` to every option list unless nodev/nosuid was written (and drops a
+    /// written `suid` or `dev` in favour of its own), so in the argv form they say nothing: dropped
+    /// there before parsing; `allow_suid`, `allow_dev` opt out instead.
+    static func fromMountHelper(_ option: String) -> String {
+        splitEscaped(option).filter { $0 != "suid" && $0 != "dev" }.map(escape).joined(separator: ",")
+    }
+
     /// Parses comma-separated options; an unknown one is an error that names it.
     mutating func parse(_ text: String) throws {
-        for raw in splitEscaped(text) where !raw.isEmpty {
+        for raw in Self.splitEscaped(text) where !raw.isEmpty {
             let parts = raw.split(separator: "=", maxSplits: 1).map(String.init)
             let key = parts[0], value = parts.count > 1 ? parts[1] : nil
             switch (key, value) {
@@ -46,21 +89,29 @@ struct MountOptionSet {
             case ("single_thread", nil): singleThreaded = true
             case ("max_threads", let v?):
                 guard let n = UInt32(v), (1 ... 256).contains(n) else {
-                    throw CLIFailure(message: "mount option max_threads=\(v): expected a number of threads from 1 to 256", code: 64)
+                    throw CLIFailure(message: "mount option max_threads=\(v): expected a number of threads from 1 to 256", code: ExitStatus.usage)
                 }
                 maxThreads = n
             case ("allow_rollback", nil): allowRollback = true
+            case ("suid", nil), ("allow_suid", nil): nosuid = false
+            case ("nosuid", nil): nosuid = true
+            case ("dev", nil), ("allow_dev", nil): nodev = false
+            case ("nodev", nil): nodev = true
             case (let k, nil) where Self.passthroughFlags.contains(k): passthrough.append(k)
             case (let k, _) where Self.ignored.contains(k) || k.hasPrefix("x-") || k.hasPrefix("comment="): continue
             case (let k, _?) where Self.passthroughValued.contains(k): passthrough.append(raw)
             default:
-                throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: passfile=, extpass=, keyfile=, ro, allow_other, default_permissions, debug, auto_unmount, nonempty, plain_symlinks, writeback_cache, no_writeback_cache, allow_rollback, max_threads=, noatime, nodev, nosuid, noexec, ...)", code: 64)
+                throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: \(Self.documentedNames))", code: ExitStatus.usage)
             }
         }
     }
 
+    private static func escape(_ option: String) -> String {
+        option.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: ",", with: "\\,")
+    }
+
     /// Splits on commas not escaped by a backslash.
-    private func splitEscaped(_ s: String) -> [String] {
+    static func splitEscaped(_ s: String) -> [String] {
         var parts: [String] = [], current = "", escaped = false
         for ch in s {
             if escaped { current.append(ch); escaped = false }
@@ -83,7 +134,7 @@ struct MountOptionSet {
         o.singleThreaded = singleThreaded
         if let maxThreads { o.maxThreads = maxThreads }
         o.writebackCache = writebackCache
-        o.passthrough = passthrough + (nonempty ? ["nonempty"] : [])
+        o.passthrough = passthrough + [nosuid ? "nosuid" : "suid", nodev ? "nodev" : "dev"] + (nonempty ? ["nonempty"] : [])
         return o
     }
 }

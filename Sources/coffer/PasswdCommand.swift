@@ -2,6 +2,7 @@ import ArgumentParser
 import CofferCrypto
 import CofferStore
 import Foundation
+import Glibc
 
 struct PasswdCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -42,6 +43,10 @@ struct PasswdCommand: ParsableCommand {
     func run() throws {
         try reportingFailures {
             let c = try Container.open(at: container)
+            try secret.checkSource()
+            for (path, what) in [(newPassfile, "password file"), (addKeyfile, "key file")] {
+                if let path, access(path, R_OK) != 0 { throw SecretReader.fail("cannot read \(what) \(path): \(String(cString: strerror(errno)))") }
+            }
             let current = try secret.secret(prompt: "Current password: ")
             let (keys, slotId) = try c.unlock(current)
             current.bytes.wipe()

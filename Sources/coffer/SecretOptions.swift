@@ -4,13 +4,35 @@ import CofferStore
 import Foundation
 import Glibc
 
-/// Where the secret that opens a container comes from; the same for every command.
-struct SecretOptions: ParsableArguments {
+/// Where a password comes from: a file or a command (else a prompt). All `init` takes.
+struct PasswordSource: ParsableArguments {
     @Option(name: .customLong("passfile"), help: "Read the password from the first line of FILE.")
     var passfile: String?
 
     @Option(name: .customLong("extpass"), help: "Run CMD (with /bin/sh -c) and use the first line it prints as the password.")
     var extpass: String?
+
+    /// A password, from the given source or a no-echo prompt (asked twice when `confirm`).
+    func password(prompt: String, confirm: Bool) throws -> SecureBytes {
+        if let passfile { return try SecretReader.firstLine(ofFile: passfile) }
+        if let extpass { return try SecretReader.firstLine(ofCommand: extpass) }
+        return try SecretReader.prompt(prompt, confirm: confirm)
+    }
+}
+
+/// Where the secret that opens a container comes from; the same for every command.
+struct SecretOptions: ParsableArguments {
+    @OptionGroup var password: PasswordSource
+
+    var passfile: String? {
+        get { password.passfile }
+        set { password.passfile = newValue }
+    }
+
+    var extpass: String? {
+        get { password.extpass }
+        set { password.extpass = newValue }
+    }
 
     @Option(name: .customLong("keyfile"), help: "Open with a key file slot: the whole content of FILE is the secret.")
     var keyfile: String?
@@ -23,6 +45,17 @@ struct SecretOptions: ParsableArguments {
     func validate() throws {
         if [passfile != nil, extpass != nil, keyfile != nil, secretFD != nil].filter({ $0 }).count > 1 {
             throw ValidationError("give only one of --passfile, --extpass, --keyfile")
+        }
+    }
+
+    /// Fails as reading would when a given password or key file cannot be read, so that nothing is done
+    /// (printed, prompted, started) for a secret that will not come.
+    func checkSource() throws {
+        if let passfile, access(passfile, R_OK) != 0 {
+            throw SecretReader.fail("cannot read password file \(passfile): \(String(cString: strerror(errno)))")
+        }
+        if let keyfile, access(keyfile, R_OK) != 0 {
+            throw SecretReader.fail("cannot read key file \(keyfile): \(String(cString: strerror(errno)))")
         }
     }
 
@@ -42,10 +75,8 @@ struct SecretOptions: ParsableArguments {
 
     /// A password, from the given source or a no-echo prompt (asked twice when `confirm`).
     func password(prompt: String, confirm: Bool) throws -> SecureBytes {
-        if let passfile { return try SecretReader.firstLine(ofFile: passfile) }
-        if let extpass { return try SecretReader.firstLine(ofCommand: extpass) }
         if let fd = secretFD { return try SecretReader.readAll(fd: fd, what: "the secret pipe") }
-        return try SecretReader.prompt(prompt, confirm: confirm)
+        return try password.password(prompt: prompt, confirm: confirm)
     }
 }
 

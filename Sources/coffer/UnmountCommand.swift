@@ -41,19 +41,27 @@ struct UnmountCommand: ParsableCommand {
     }
 }
 
-/// /proc/self/mountinfo-lite: the first entry of /proc/mounts at a mountpoint.
+/// /proc/mounts, read for mountpoints and for where a container is mounted.
 enum MountTable {
     struct Entry { let source: String; let mountpoint: String; let type: String }
 
-    static func entry(at mountpoint: String) -> Entry? {
-        guard let text = try? String(contentsOfFile: "/proc/mounts", encoding: .utf8) else { return nil }
-        for line in text.split(separator: "\n").reversed() {
+    static func entries() -> [Entry] {
+        guard let text = try? String(contentsOfFile: "/proc/mounts", encoding: .utf8) else { return [] }
+        return text.split(separator: "\n").compactMap { line in
             let f = line.split(separator: " ")
-            guard f.count >= 3 else { continue }
-            let e = Entry(source: unescape(String(f[0])), mountpoint: unescape(String(f[1])), type: String(f[2]))
-            if e.mountpoint == mountpoint { return e }
+            guard f.count >= 3 else { return nil }
+            return Entry(source: unescape(String(f[0])), mountpoint: unescape(String(f[1])), type: String(f[2]))
         }
-        return nil
+    }
+
+    /// The last (topmost) entry at a mountpoint.
+    static func entry(at mountpoint: String) -> Entry? {
+        entries().last { $0.mountpoint == mountpoint }
+    }
+
+    /// Where a container is mounted (its root is the mount's source).
+    static func entries(source: String) -> [Entry] {
+        entries().filter { $0.source == source && $0.type.hasPrefix("fuse") }
     }
 
     /// /proc/mounts escapes space, tab, newline and backslash as octal.

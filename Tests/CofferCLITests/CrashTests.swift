@@ -484,8 +484,8 @@ struct CrashTests {
             let running = worker.spawned.isRunning
             try #require(setUp && running, "\(context): the worker stopped before the kill (an error while the daemon was alive): \(worker.stderr)")
 
-            let pid = try #require(E2E.daemonPid(container: sb.container), "\(context): no pid in coffer.lock")
-            try #require(E2E.cmdline(pid).contains(sb.container), "\(context): pid \(pid) in coffer.lock is not our daemon")
+            let pid = try #require(E2E.daemonPid(container: sb.container), "\(context): no daemon holds the container lock")
+            try #require(E2E.cmdline(pid).contains(sb.container), "\(context): pid \(pid) holding the lock is not our daemon")
             let unmountDelay = useconds_t(rng.next() % 30_000)
             if round % 4 == 3 {
                 // Every fourth round the kill lands in the unmount: the final commit, the TRUNCATE

@@ -22,17 +22,23 @@ struct IntegrityTests {
 
         init(_ label: String) throws {
             sb = try Sandbox(label)
-            try sb.initAndMount()
-            try #require(mkdir(sb.mnt + "/d", 0o755) == 0)
-            for (name, size) in IntegrityTests.files.sorted(by: { $0.key < $1.key }) {
-                let bytes = E2E.randomBytes(size)
-                try E2E.write(sb.mnt + "/" + name, bytes)
-                originals[name] = bytes
-                let st = try #require(E2E.statOf(sb.mnt + "/" + name))
-                inodes[name] = UInt64(st.st_ino)
+            // The caller's cleanup is not set up until this returns: a failure here unmounts itself.
+            do {
+                try sb.initAndMount()
+                try #require(mkdir(sb.mnt + "/d", 0o755) == 0)
+                for (name, size) in IntegrityTests.files.sorted(by: { $0.key < $1.key }) {
+                    let bytes = E2E.randomBytes(size)
+                    try E2E.write(sb.mnt + "/" + name, bytes)
+                    originals[name] = bytes
+                    let st = try #require(E2E.statOf(sb.mnt + "/" + name))
+                    inodes[name] = UInt64(st.st_ino)
+                }
+                try #require(E2E.sh("setfattr -n user.note -v secret-note '\(sb.mnt)/a.txt'").ok)
+                try #require(sb.unmount().ok)
+            } catch {
+                sb.cleanup()
+                throw error
             }
-            try #require(E2E.sh("setfattr -n user.note -v secret-note '\(sb.mnt)/a.txt'").ok)
-            try #require(sb.unmount().ok)
         }
 
         /// Runs a python3 program with `db` (the store) as argv[1] and `extra` after it.

@@ -55,7 +55,7 @@ struct MountTests {
         let entry = try #require(E2E.mountEntry(at: sb.mnt), "no /proc/mounts entry")
         #expect(entry.type == "fuse.coffer", "type is \(entry.type)")
         #expect(entry.source == sb.container, "source is \(entry.source)")
-        let daemon = try #require(E2E.daemonPid(container: sb.container), "no pid in coffer.lock")
+        let daemon = try #require(E2E.daemonPid(container: sb.container), "no daemon holds the container lock")
         #expect(E2E.isAlive(daemon))
 
         let big = E2E.randomBytes(3 << 20)
@@ -299,7 +299,7 @@ struct MountTests {
         defer { child.stop() }
         let up = E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }
         try #require(up, "foreground mount did not come up: \(child.stderr)")
-        #expect(E2E.daemonPid(container: sb.container) == child.pid, "coffer.lock does not name the foreground process")
+        #expect(E2E.daemonPid(container: sb.container) == child.pid, "the lock is not held by the foreground process")
         let data = E2E.randomBytes(300_000)
         try E2E.write(sb.mnt + "/fg.bin", data)
         #expect(child.spawned.signal(SIGTERM))

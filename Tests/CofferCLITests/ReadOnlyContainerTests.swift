@@ -74,8 +74,8 @@ struct ReadOnlyContainerTests {
 
         let daemons = cofferProcesses(serving: ro)
         #expect(daemons.count == 1, "one daemon serves the read-only container: \(daemons)")
-        // The lock still works (taken through a read-only descriptor) and names the daemon holding it,
-        // although coffer.lock could not be rewritten and holds the pid of the earlier read-write mount.
+        // The lock still works (an flock on the read-only directory) and names the daemon holding it
+        // (from the kernel's lock table: nothing can be written there).
         let other = sb.root + "/m2"
         try #require(mkdir(other, 0o755) == 0)
         let twice = coffer(sb, ["mount", ro, other, "--passfile", sb.passfile])

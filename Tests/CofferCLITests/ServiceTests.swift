@@ -420,7 +420,8 @@ struct ServiceTests {
         guard let shell = Spawned("/bin/sh", ["-c", script], stdinPath: "/dev/null", stdoutPath: "/dev/null", stderrPath: "/dev/null") else {
             throw Sandbox.SandboxError("cannot start sh")
         }
-        let up = E2E.wait(30) { E2E.answersAsMount(sb.mnt) }
+        // The mount answers a moment before the daemon logs "mounted" (it checks its own session first).
+        let up = E2E.wait(30) { E2E.answersAsMount(sb.mnt) && E2E.readText(errPath)?.contains("mounted") == true }
         try #require(up, "mount did not come up: \(E2E.readText(errPath) ?? "")")
         #expect(shell.signal(SIGTERM))
         #expect(shell.wait(timeout: 30) == 0)

@@ -264,10 +264,42 @@ enum E2E {
         return d != parent
     }
 
-    /// The pid written by the daemon into CONTAINER/coffer.lock.
+    /// The daemon holding the container's lock: an flock on the container directory, in the kernel's lock table
+    /// (/proc/locks lines read `1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF`): a holder of a lock on
+    /// the directory's inode that has the directory open.
     static func daemonPid(container: String) -> pid_t? {
-        guard let t = readText(container + "/coffer.lock") else { return nil }
-        return pid_t(t.trimmingCharacters(in: .whitespacesAndNewlines))
+        guard let st = statOf(container), let table = readText("/proc/locks") else { return nil }
+        let path = (container as NSString).standardizingPath
+        for line in table.split(separator: "\n") {
+            let f = line.split(separator: " ")
+            guard f.count >= 6, f[1] == "FLOCK", f[5].split(separator: ":").last == Substring(String(st.st_ino)),
+                  let pid = pid_t(f[4]) else { continue }
+            let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
+            if fds.contains(where: { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)")) == path }) {
+                return pid
+            }
+        }
+        return nil
+    }
+
+    /// The rollback ledger of every coffer the tests run (`COFFER_STATE_DIR`, set in each child's environment
+    /// unless the test sets it): never the user's ~/.local/state/coffer. Removed when the test process exits;
+    /// one left by a run that did not exit normally (its pid in the name is gone) is removed by the next run.
+    static let stateDirectory: String = {
+        let prefix = "coffer-e2e-state-"
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? [] where name.hasPrefix(prefix) {
+            if let pid = pid_t(name.dropFirst(prefix.count).prefix { $0 != "-" }), !isAlive(pid) {
+                try? FileManager.default.removeItem(atPath: "/tmp/" + name)
+            }
+        }
+        var template = Array("/tmp/\(prefix)\(getpid())-XXXXXX".utf8CString)
+        let dir = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }.map { String(cString: $0) }
+        atexit { E2E.removeStateDirectory() }
+        return dir ?? "/tmp/\(prefix)\(getpid())"
+    }()
+
+    static func removeStateDirectory() {
+        try? FileManager.default.removeItem(atPath: stateDirectory)
     }
 
     /// A process that exists and is not a zombie.
@@ -311,7 +343,7 @@ final class Sandbox: @unchecked Sendable {
     var container: String { root + "/c" }
     var mnt: String { root + "/m" }
     var passfile: String { root + "/pass" }
-    /// Daemons this sandbox saw (from coffer.lock), waited for at cleanup.
+    /// Daemons this sandbox saw (holding the container's lock), waited for at cleanup.
     private var daemons: [pid_t] = []
     private let lock = NSLock()
 
@@ -363,6 +395,16 @@ final class Sandbox: @unchecked Sendable {
         if E2E.lstatOf(path) == nil { try #require(symlink(E2E.coffer, path) == 0, "symlink: \(errno)") }
         try #require(!path.contains("."), "sandbox path \(path) has a dot")
         return path
+    }
+
+    /// `mount -t fuse./PATH/coffer SOURCE m -o passfile=pass[,OPTIONS]`: mount(8), through mount.fuse3.
+    @discardableResult
+    func mountWithMount8(source: String? = nil, options: String = "") throws -> RunResult {
+        let exe = try dotFreeCoffer()
+        let extra = options.isEmpty ? "" : "," + options
+        let r = E2E.run("/bin/mount", ["-t", "fuse." + exe, source ?? container, mnt, "-o", "passfile=\(passfile)" + extra])
+        noteDaemon(container: source)
+        return r
     }
 
     /// `coffer unmount m`.
@@ -433,10 +475,9 @@ final class Spawned: @unchecked Sendable {
         posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
         let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
         defer { for p in argv { free(p) } }
-        var envStrings: [String]
-        if let environment { envStrings = environment.map { "\($0.key)=\($0.value)" } } else {
-            envStrings = ProcessInfo.processInfo.environment.map { "\($0.key)=\($0.value)" }
-        }
+        var env = environment ?? ProcessInfo.processInfo.environment
+        if env["COFFER_STATE_DIR"] == nil { env["COFFER_STATE_DIR"] = E2E.stateDirectory }
+        let envStrings = env.map { "\($0.key)=\($0.value)" }
         let envp: [UnsafeMutablePointer<CChar>?] = envStrings.map { strdup($0) } + [nil]
         defer { for p in envp { free(p) } }
         var pid: pid_t = 0

@@ -165,7 +165,7 @@ struct ContainerTests {
         try withTempDir { dir in
             let root = dir + "/busy"
             try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: false)
-            _ = FileManager.default.createFile(atPath: root + "/other", contents: Data("x".utf8))
+            #expect(FileManager.default.createFile(atPath: root + "/other", contents: Data("x".utf8)))
             expectError(ContainerError.alreadyExists(root)) { _ = try Container.create(at: root, password: secure("p"), options: fastOptions()) }
             #expect(FileManager.default.fileExists(atPath: root + "/other"), "create must not touch a non-empty directory")
             var weak = fastOptions()

@@ -412,7 +412,7 @@ struct EntityStoreTests {
             if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/missing.db", keys: keys) }) {} else {
                 Issue.record("a missing store must be notAStore")
             }
-            _ = FileManager.default.createFile(atPath: dir + "/junk.db", contents: Data(repeating: 0x41, count: 8192))
+            #expect(FileManager.default.createFile(atPath: dir + "/junk.db", contents: Data(repeating: 0x41, count: 8192)))
             if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/junk.db", keys: keys) }) {} else {
                 Issue.record("a junk file must be notAStore")
             }
