@@ -8,7 +8,7 @@ TEST_DEBS = attr rsync sqlite3 git python3 util-linux systemd man-db postgresql
 BENCH_DEBS = gocryptfs fio python3
 DEMO_DIR ?= /tmp/coffer-demo
 
-.PHONY: all deps test-deps bench-deps build release demo test bench clean install uninstall man
+.PHONY: all deps test-deps bench-deps build release demo test bench clean install uninstall man lint format
 
 all: build
 
@@ -53,6 +53,14 @@ test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 	COFFER_TEST_ENGINE=postgres $(SWIFT) test --skip-build --filter CofferFSTests   # the filesystem tests again, over PostgreSQL
+
+# The code's layout, checked by the toolchain's swift-format with .swift-format (4 spaces, 150 columns,
+# one statement per line); `make format` rewrites the tree to it.
+lint:
+	$(SWIFT) format lint --strict --recursive --parallel Sources Tests Package.swift
+
+format:
+	$(SWIFT) format format --in-place --recursive --parallel Sources Tests Package.swift
 
 # Coffer, a plain directory and gocryptfs side by side (release build).
 bench: release bench-deps
