@@ -57,7 +57,7 @@ public final class Container: @unchecked Sendable {
     }
 
     public static func open(at path: String) throws(ContainerError) -> Container {
-        let root = absolute(path)
+        let root = absolutePath(path)
         var st = stat()
         guard stat(root, &st) == 0 else {
             if errno == ENOENT { throw .notFound(path) }
@@ -191,7 +191,7 @@ public final class Container: @unchecked Sendable {
     public static func create(at path: String, password: SecureBytes, options: CreateOptions) throws(ContainerError)
         -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
         try options.kdf.validate()
-        let root = absolute(path)
+        let root = absolutePath(path)
         var st = stat()
         var createdDirectory = false
         if stat(root, &st) == 0 {
@@ -336,7 +336,8 @@ public final class Container: @unchecked Sendable {
         }
     }
 
-    static func absolute(_ path: String) -> String {
+    /// `path` made absolute against the working directory and standardized (no `.`, `..`, `//`).
+    public static func absolutePath(_ path: String) -> String {
         var p = path
         if !p.hasPrefix("/") { p = FileManager.default.currentDirectoryPath + "/" + p }
         return (p as NSString).standardizingPath

@@ -324,11 +324,3 @@ enum Mountpoint {
         }
     }
 }
-
-extension Container {
-    static func absolutePath(_ p: String) -> String {
-        var path = p
-        if !path.hasPrefix("/") { path = FileManager.default.currentDirectoryPath + "/" + path }
-        return (path as NSString).standardizingPath
-    }
-}
