@@ -41,12 +41,14 @@ struct CopyCommand: ParsableCommand {
                 throw CLIFailure(message: "SRC and DEST are the same place", code: ExitStatus.usage)
             }
             if verify { try secret.checkSource() }
-            let given = verify ? try secret.secret() : nil
-            defer { given?.bytes.wipe() }
+            if case .directory(let path) = src { _ = try Container.open(at: path) }   // before any secret is asked
             let sourceLock = try Self.lockIfDirectory(src, what: "SRC")
+            var given: Secret?
+            defer { given?.bytes.wipe() }
             try withExtendedLifetime(sourceLock) {
                 let copySource = try CopySource.open(src)
                 defer { copySource.close() }
+                if verify { given = try secret.secret() }
                 if case .directory(let path) = dst, mkdir(path, 0o700) != 0, errno != EEXIST {
                     throw CLIFailure(message: "\(path): cannot create: \(String(cString: strerror(errno)))", code: ExitStatus.failure)
                 }

@@ -205,5 +205,8 @@ struct CopyTests {
         #expect(E2E.readText(sb.mnt + "/f.txt") == "data")
         #expect(sb.unmount().ok)
         #expect(Self.copy([sb.container, copy]).ok, "copies once unmounted")
+        // A missing source is said before any password is asked.
+        let missing = E2E.onTerminal([E2E.coffer, "copy", sb.root + "/missing", sb.root + "/x", "--verify"], answers: [])
+        #expect(missing.status == 10 && !missing.stdout.contains("assword: ") && access(sb.root + "/x", F_OK) != 0, "\(missing)")
     }
 }
