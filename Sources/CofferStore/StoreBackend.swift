@@ -117,6 +117,18 @@ public protocol StoreBackend: AnyObject, Sendable {
     func deleteAllChunkRows(file: UInt64) throws(StoreError)
     /// Deletes every map page row of a file, whatever its page number.
     func deleteAllChunkMapRows(file: UInt64) throws(StoreError)
+
+    // MARK: Copies (`coffer copy`: rows moved as they are, StoreCopy.swift)
+
+    /// Reads from here on see one state of the store whatever others commit meanwhile (SQLite: one
+    /// read transaction; PostgreSQL: one REPEATABLE READ transaction), until `close`. Read-only stores.
+    func beginSnapshot() throws(StoreError)
+    /// The progress record of an unfinished copy into this store; nil when there is none (a finished
+    /// copy, or a store made by `coffer init`).
+    func copyProgress() throws(StoreError) -> [UInt8]?
+    /// Writes the progress record in the open group transaction, so it commits with the rows it
+    /// counts; nil removes it (with its table).
+    func setCopyProgress(_ progress: [UInt8]?) throws(StoreError)
 }
 
 /// What a store declares about itself (the schema rows every engine keeps).

@@ -17,7 +17,7 @@ struct CofferCommand: ParsableCommand {
             (see `coffer fsck --help`).
             """,
         subcommands: [InitCommand.self, InfoCommand.self, PasswdCommand.self, MountCommand.self, UnmountCommand.self,
-                      FsckCommand.self, VersionCommand.self])
+                      FsckCommand.self, CopyCommand.self, VersionCommand.self])
 
     static var subcommandNames: Set<String> {
         Set(configuration.subcommands.flatMap { [$0.configuration.commandName].compactMap { $0 } + $0.configuration.aliases })

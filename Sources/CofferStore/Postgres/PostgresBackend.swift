@@ -57,13 +57,13 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // wri
 
     /// Begins the group transaction that creates the container's schema and tables and writes its
     /// header row; `EntityStore.initialize` then writes the store's first rows and commits, so the
-    /// container appears whole or not at all.
-    public static func create(_ location: PostgresLocation, header: [UInt8], reconnectWait: Double = 30) throws(StoreError) -> PostgresBackend {
+    /// container appears whole or not at all. Without a header (a copy: StoreCopy) there is no row yet.
+    public static func create(_ location: PostgresLocation, header: [UInt8]?, reconnectWait: Double = 30) throws(StoreError) -> PostgresBackend {
         let backend = try PostgresBackend(location: location, writer: try connect(location), readOnly: false, reconnectWait: reconnectWait)
         do {
             try backend.write { c in
                 try c.executeScript(backend.sql.createTables)
-                try c.execute(backend.sql.putHeader, [.bytea(header)])
+                if let header { try c.execute(backend.sql.putHeader, [.bytea(header)]) }
             }
         } catch {
             backend.close()

@@ -59,6 +59,17 @@ extension PostgresBackend {
         }
     }
 
+    /// One REPEATABLE READ, READ ONLY transaction on the writer, through which every read here goes,
+    /// until `close`. It counts as the open transaction, so a lost connection fails the reads
+    /// instead of reconnecting outside the snapshot.
+    public func beginSnapshot() throws(StoreError) {
+        guard readOnly else { throw .database("a snapshot is taken on a store opened read-only") }
+        try onWriter { () throws(StoreError) in
+            try idle { try $0.executeScript("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1") }
+            pending.withLock { $0.since = .now }
+        }
+    }
+
     public var hasPendingChanges: Bool { pending.withLock { $0.since != nil } }
 
     /// Due when the open transaction is older than `age` or adds `volume` bytes or more. Nothing

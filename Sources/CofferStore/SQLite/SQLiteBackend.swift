@@ -295,6 +295,8 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         mappedReaders.closeAll()
         preadReaders.closeAll()
         var folded = false
+        // A snapshot's read transaction (beginSnapshot) ends here.
+        if readOnly { try? pool.writeWithoutTransaction { db in if db.isInsideTransaction { try db.execute(sql: "ROLLBACK") } } }
         if writing { folded = (try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) }) != nil }
         try? pool.close()
         guard writing else { return }

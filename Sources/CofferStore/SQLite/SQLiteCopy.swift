@@ -1,0 +1,32 @@
+import Foundation
+import GRDB
+
+/// What `coffer copy` needs of the embedded engine (StoreBackend, "Copies"): a read snapshot of a
+/// source and the progress record of a destination, a one-row table `coffer_copy` that exists only
+/// while a copy into this store is unfinished.
+extension SQLiteBackend {
+    /// One read transaction on the writer connection (every read here goes through it) until `close`.
+    public func beginSnapshot() throws(StoreError) {
+        guard readOnly else { throw .database("a snapshot is taken on a store opened read-only") }
+        try writer { db in
+            try db.execute(sql: "BEGIN DEFERRED")
+            // A deferred transaction takes its snapshot at its first read.
+            _ = try Int.fetchOne(db, sql: "SELECT count(*) FROM coffer_meta")
+        }
+    }
+
+    public func copyProgress() throws(StoreError) -> [UInt8]? {
+        try writer { db in
+            guard try Bool.fetchOne(db, sql: "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'coffer_copy'") == true else { return nil }
+            return try Data.fetchOne(db, sql: "SELECT value FROM coffer_copy WHERE id = 1").map { [UInt8]($0) }
+        }
+    }
+
+    public func setCopyProgress(_ progress: [UInt8]?) throws(StoreError) {
+        try write(bytes: progress?.count ?? 0) { db in
+            guard let progress else { return try db.execute(sql: "DROP TABLE IF EXISTS coffer_copy") }
+            try db.execute(sql: "CREATE TABLE IF NOT EXISTS coffer_copy(id INTEGER PRIMARY KEY CHECK (id = 1), value BLOB NOT NULL)")
+            try db.execute(sql: "INSERT OR REPLACE INTO coffer_copy(id, value) VALUES (1, ?)", arguments: [Data(progress)])
+        }
+    }
+}

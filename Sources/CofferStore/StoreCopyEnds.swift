@@ -1,0 +1,112 @@
+import Foundation
+import Glibc
+
+/// The container a copy reads: its header bytes and its store in one snapshot (`beginSnapshot`).
+/// A directory container must not be mounted (the daemon holds its store): the CLI holds its lock.
+public final class CopySource {
+    public let header: [UInt8]
+    public let containerId: [UInt8]
+    let chunkSize: Int
+    let backend: any StoreBackend
+    let schema: StoreSchema
+    let state: [UInt8]
+
+    private init(header: [UInt8], backend: any StoreBackend) throws {
+        self.header = header
+        self.backend = backend
+        let h = try Container.decodeHeader(Data(header))
+        containerId = [UInt8](hex: h.containerId) ?? []
+        chunkSize = h.chunkSize
+        schema = try backend.readSchema()
+        guard schema.meta["format"] == Array(EntityStore.formatVersion.utf8) else { throw StoreError.notAStore("unknown store format") }
+        guard schema.meta["container"] == containerId else { throw StoreError.wrongContainer }
+        guard let state = schema.meta["state"] else { throw StoreError.notAStore("no store state") }
+        self.state = state
+    }
+
+    /// Opens the source read-only and takes the snapshot.
+    public static func open(_ location: ContainerLocation) throws -> CopySource {
+        switch location {
+        case .directory(let path):
+            let c = try Container.open(at: path)
+            guard let header = FileManager.default.contents(atPath: c.headerPath) else { throw ContainerError.unreadable(path, ContainerHeader.fileName) }
+            let backend = try SQLiteBackend.open(at: try c.storePath(), readOnly: true)
+            return try opened([UInt8](header), backend)
+        case .postgres(let p):
+            let backend = try PostgresBackend.open(p, readOnly: true)
+            do {
+                try backend.beginSnapshot()
+                guard let header = try backend.headerBytes() else { throw ContainerError.headerDamaged("the header row is missing") }
+                return try CopySource(header: header, backend: backend)
+            } catch { backend.close(); throw error }
+        }
+    }
+
+    private static func opened(_ header: [UInt8], _ backend: SQLiteBackend) throws -> CopySource {
+        do {
+            try backend.beginSnapshot()
+            return try CopySource(header: header, backend: backend)
+        } catch { backend.close(); throw error }
+    }
+
+    public func close() { backend.close() }
+}
+
+/// What is at the destination: nothing yet (nil: the copy creates it), an unfinished copy (its store,
+/// open for writing), or something else, refused.
+enum CopyDestination {
+    static func openDirectory(_ path: String, source: CopySource) throws -> (any StoreBackend)? {
+        var st = stat()
+        guard stat(path, &st) == 0 else {
+            guard errno == ENOENT, mkdir(path, 0o700) == 0 else { throw ContainerError.io("\(path): \(String(cString: strerror(errno)))") }
+            return nil
+        }
+        guard (st.st_mode & S_IFMT) == S_IFDIR else { throw CopyRefusal("\(path) exists and is not a directory: refusing to overwrite it") }
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: path)) ?? ["?"]
+        if entries.isEmpty { return nil }
+        let headerId = headerIdIn(path)
+        if let headerId, headerId != source.containerId.hexString { throw refusal(path, headerId: headerId, source: source) }
+        let storePath = path + "/" + SQLiteBackend.fileName
+        guard entries.contains(SQLiteBackend.fileName) else { throw refusal(path, headerId: headerId, source: source) }
+        // Read-only first: a writable open of someone else's SQLite file would turn it to WAL mode.
+        let look = try? SQLiteBackend.open(at: storePath, readOnly: true)
+        let record = try? look?.copyProgress()
+        look?.close()
+        guard record != nil else { throw refusal(path, headerId: headerId, source: source) }
+        let store = try SQLiteBackend.open(at: storePath, readOnly: false)
+        do { try store.startWriting() } catch { store.close(); throw error }
+        return store
+    }
+
+    static func openPostgres(_ location: PostgresLocation, source: CopySource) throws -> (any StoreBackend)? {
+        guard try PostgresHeader.exists(location) else { return nil }
+        let store = try PostgresBackend.open(location, readOnly: false)
+        do {
+            if try store.copyProgress() == nil {
+                let id = try store.headerBytes().flatMap { try? Container.decodeHeader(Data($0)).containerId }
+                throw refusal(location.display, headerId: id, source: source)
+            }
+        } catch { store.close(); throw error }
+        return store
+    }
+
+    /// An unfinished copy started over: its files go, the header first (it must not be mounted half-copied).
+    static func removeStore(_ path: String) {
+        for f in [ContainerHeader.fileName, SQLiteBackend.fileName, SQLiteBackend.fileName + "-wal", SQLiteBackend.fileName + "-shm", "coffer.reserve"] {
+            unlink(path + "/" + f)
+        }
+    }
+
+    private static func headerIdIn(_ path: String) -> String? {
+        guard let data = FileManager.default.contents(atPath: path + "/" + ContainerHeader.fileName) else { return nil }
+        return (try? Container.decodeHeader(data))?.containerId ?? "unreadable"
+    }
+
+    static func refusal(_ dest: String, headerId: String?, source: CopySource) -> CopyRefusal {
+        guard let headerId else { return CopyRefusal("\(dest) exists and is not an unfinished copy of this container: refusing to overwrite it") }
+        if headerId == source.containerId.hexString {
+            return CopyRefusal("\(dest) is already a complete copy of this container (id \(headerId)): refusing to overwrite it; copy to a new place")
+        }
+        return CopyRefusal("\(dest) is a different container (id \(headerId)): refusing to overwrite it")
+    }
+}

@@ -1,0 +1,110 @@
+import ArgumentParser
+import CofferCheck
+import CofferStore
+import Foundation
+import Glibc
+
+/// `coffer copy SRC DEST`: the header and sealed rows as they are (StoreCopy), between a directory
+/// and PostgreSQL either way; resumable; `--verify` opens every entity of the copy with a secret.
+struct CopyCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "copy",
+        abstract: "Copy a container (header and sealed rows, no password needed) to a new directory or PostgreSQL schema.",
+        discussion: """
+            The copy is the same container (same id and keys): a backup, or a move between engines. The source is read \
+            in one snapshot: a directory container must not be mounted (its lock is held meanwhile); a PostgreSQL one is \
+            read in one REPEATABLE READ transaction, mounted or not. DEST must not exist (or be an empty directory): \
+            anything else is refused, except an unfinished copy of the same source, which is continued where it stopped \
+            (started over if the source changed since). With --verify the copy is unlocked with the secret and every \
+            entity is opened and checked as `coffer fsck` does (status 13 on a problem).
+            """)
+
+    @Argument(help: "The container to copy (directory or postgresql:// URI).")
+    var source: String
+
+    @Argument(help: "Where the copy goes (a new directory or postgresql:// URI).")
+    var destination: String
+
+    @Flag(help: "Afterwards unlock the copy and open every entity (needs a secret).")
+    var verify = false
+
+    @OptionGroup var secret: SecretOptions
+
+    func validate() throws {
+        if secret.isGiven && !verify { throw ValidationError("a secret is only used with --verify") }
+    }
+
+    func run() throws {
+        try reportingFailures {
+            let src = try ContainerLocation.parse(source), dst = try ContainerLocation.parse(destination)
+            if case .directory(let a) = src, case .directory(let b) = dst, Self.absolute(a) == Self.absolute(b) {
+                throw CLIFailure(message: "SRC and DEST are the same place", code: ExitStatus.usage)
+            }
+            if verify { try secret.checkSource() }
+            if case .directory(let path) = src { _ = try Container.open(at: path) }   // before any secret is asked
+            let sourceLock = try Self.lockIfDirectory(src, what: "SRC")
+            var given: Secret?
+            defer { given?.bytes.wipe() }
+            try withExtendedLifetime(sourceLock) {
+                let copySource = try CopySource.open(src)
+                defer { copySource.close() }
+                if verify { given = try secret.secret() }
+                if case .directory(let path) = dst, mkdir(path, 0o700) != 0, errno != EEXIST {
+                    throw CLIFailure(message: "\(path): cannot create: \(String(cString: strerror(errno)))", code: ExitStatus.failure)
+                }
+                let destLock = try Self.lockIfDirectory(dst, what: "DEST")
+                defer { withExtendedLifetime(destLock) {} }
+                let (rows, resumed) = try Self.copy(copySource, to: dst)
+                print("coffer copy: \(resumed ? "finished the copy" : "copied") \(source) to \(dst) (\(rows) rows\(resumed ? " this time" : ""))")
+            }
+            if let given { try Self.verify(dst, given) }
+        }
+    }
+
+    private static func copy(_ source: CopySource, to dst: ContainerLocation) throws -> (rows: Int, resumed: Bool) {
+        let copier = StoreCopy(from: source, to: dst)
+        let bar = ProgressBar("copying")
+        defer { bar.finish() }
+        copier.progress = { bar.update(done: $0, total: $1) }
+        copier.notice = { bar.finish(); printErr("coffer copy: \($0)") }
+        // Test hooks: small batches, and a SIGKILL after N of them (an interrupted copy).
+        let env = ProcessInfo.processInfo.environment
+        if let b = env["COFFER_COPY_TEST_BATCH_BYTES"].flatMap(Int.init) { copier.batchBytes = b }
+        if let n = env["COFFER_COPY_TEST_KILL_AFTER"].flatMap(Int.init) { copier.afterBatch = { if $0 >= n { kill(getpid(), SIGKILL) } } }
+        do { return try copier.run() } catch let e as CopyRefusal { throw CLIFailure(message: e.description, code: ExitStatus.failure) }
+    }
+
+    /// The container's lock for a directory that exists: a mounted source (its daemon holds the store
+    /// for itself) and a destination in use are refused; two copies into one place never run at once.
+    private static func lockIfDirectory(_ location: ContainerLocation, what: String) throws -> ContainerLock? {
+        guard case .directory(let path) = location, FileManager.default.fileExists(atPath: path) else { return nil }
+        let root = absolute(path)
+        ContainerLock.awaitDaemonWithoutMount(root: root)
+        do { return try ContainerLock(root: root) } catch let f as CLIFailure where f.code == ExitStatus.alreadyMounted {
+            let pid = ContainerLock.holder(root: root).map { String($0) } ?? "?"
+            throw CLIFailure(message: "\(what) \(path): container is mounted (pid \(pid)) — unmount it first", code: ExitStatus.alreadyMounted)
+        }
+    }
+
+    /// Unlocks the copy's own header and runs fsck's checker over its store: clean or status 13.
+    private static func verify(_ location: ContainerLocation, _ secret: Secret) throws {
+        let c = try Container.open(location)
+        let (keys, _) = try c.unlock(secret)
+        defer { keys.wipe() }
+        let store = try c.openStore(keys: keys, readOnly: true)
+        defer { store.close() }
+        let bar = ProgressBar("verifying")
+        let result = try Checker(store: store, chunkSize: c.header.chunkSize, progress: { bar.update(done: $0, total: $1) }).run()
+        bar.finish()
+        let n = result.counts
+        guard result.isClean else {
+            for p in result.problems { print("  \(p.kind.rawValue): \(p.location): \(p.detail)") }
+            throw CLIFailure(message: "verify: the copy has \(result.problems.count) problem(s)", code: ExitStatus.storeDamaged)
+        }
+        print("coffer copy: verified: \(n.inodes) inodes, \(n.entries) entries, \(n.chunks) chunks, \(n.chunkMapPages) map pages, \(n.xattrs) xattrs open")
+    }
+
+    static func absolute(_ path: String) -> String {
+        ((path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path) as NSString).standardizingPath
+    }
+}

@@ -1,0 +1,212 @@
+import CofferTestSupport
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `coffer copy` through the real binary: directory and PostgreSQL copies that mount and check clean,
+/// interrupted copies that resume, refusals, `--verify` and a mounted source.
+@Suite("coffer copy", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"))
+struct CopyTests {
+    /// A container with a nested tree, a paged chunk map (1 MiB file), an xattr and a symlink; unmounted.
+    /// Returns every regular file's bytes as the mount showed them.
+    static func filled(_ label: String) throws -> (Sandbox, [String: [UInt8]]) {
+        let sb = try Sandbox(label)
+        try sb.initAndMount()
+        try #require(mkdir(sb.mnt + "/docs", 0o755) == 0 && mkdir(sb.mnt + "/docs/deep", 0o700) == 0)
+        try E2E.write(sb.mnt + "/docs/big.bin", E2E.randomBytes(1 << 20))
+        try E2E.write(sb.mnt + "/docs/deep/mid.bin", E2E.randomBytes(100_000))
+        for i in 0 ..< 40 { try E2E.write(sb.mnt + "/docs/f\(i).txt", "file \(i)\n") }
+        try #require(symlink("docs/f1.txt", sb.mnt + "/link") == 0)
+        let x = E2E.py("import os, sys; os.setxattr(sys.argv[1], 'user.note', b'v')", [sb.mnt + "/docs/f2.txt"])
+        try #require(x.ok, "\(x)")
+        let files = E2E.snapshot(sb.mnt)
+        let u = sb.unmount()
+        try #require(u.ok, "\(u)")
+        return (sb, files)
+    }
+
+    /// Mounts `container` at a fresh mountpoint, checks every file against `files`, unmounts.
+    static func expectSameFiles(_ sb: Sandbox, _ container: String, _ files: [String: [UInt8]], options: String? = nil) throws {
+        let mnt = sb.root + "/m-" + UUID().uuidString.prefix(8)
+        try #require(mkdir(mnt, 0o755) == 0)
+        let m = sb.mount(container: container, at: mnt, options: options)
+        try #require(m.ok, "mount of the copy: \(m)")
+        defer { _ = sb.unmount(mnt) }
+        let seen = E2E.snapshot(mnt)
+        #expect(seen.keys.sorted() == files.keys.sorted())
+        for (path, bytes) in files { #expect(seen[path] == bytes, "\(path) differs in the copy") }
+        #expect((try? FileManager.default.destinationOfSymbolicLink(atPath: mnt + "/link")) == "docs/f1.txt")
+        let x = E2E.py("import os, sys; print(os.getxattr(sys.argv[1], 'user.note').decode())", [mnt + "/docs/f2.txt"])
+        #expect(x.ok && x.stdout == "v\n", "the xattr in the copy: \(x)")
+    }
+
+    static func fsckClean(_ sb: Sandbox, _ container: String) {
+        let r = E2E.coffer(["fsck", container, "--passfile", sb.passfile], timeout: 120)
+        #expect(r.status == 0 && r.stdout.contains("0 problem(s)"), "fsck of the copy: \(r)")
+    }
+
+    /// `coffer copy` with the test hooks: batches of `batchBytes`, SIGKILL after `killAfter` batches.
+    static func copy(_ args: [String], batchBytes: Int? = nil, killAfter: Int? = nil) -> RunResult {
+        var env = ProcessInfo.processInfo.environment
+        if let batchBytes { env["COFFER_COPY_TEST_BATCH_BYTES"] = String(batchBytes) }
+        if let killAfter { env["COFFER_COPY_TEST_KILL_AFTER"] = String(killAfter) }
+        return E2E.run(E2E.coffer, ["copy"] + args, environment: env, timeout: 120)
+    }
+
+    /// A private PostgreSQL cluster; a missing server fails the test (never skips).
+    static func cluster() throws -> PostgresCluster {
+        do { return try PostgresCluster() } catch {
+            throw TestFailure("\(error) — run `make test-deps` (it installs Debian's postgresql)")
+        }
+    }
+
+    @Test func directoryCopyMountsWithTheSameFilesAndAnOlderCopyIsARollback() throws {
+        let (sb, files) = try Self.filled("copydir")
+        defer { sb.cleanup() }
+        let copy = sb.root + "/copy"
+        let r = Self.copy([sb.container, copy])
+        #expect(r.ok && r.stdout.contains("copied"), "\(r)")
+        #expect(!r.stderr.contains("copying ["), "no progress bar when stderr is not a terminal: \(r)")
+        Self.fsckClean(sb, copy)
+        let info = E2E.coffer(["info", copy]), original = E2E.coffer(["info", sb.container])
+        #expect(info.ok && info.stdout.replacingOccurrences(of: copy, with: "") == original.stdout.replacingOccurrences(of: sb.container, with: ""),
+                "the same header: \(info) \(original)")
+        try Self.expectSameFiles(sb, copy, files)
+
+        // The original moves on; the copy is now an older state of the same container.
+        let m = sb.mount()
+        try #require(m.ok, "\(m)")
+        try E2E.write(sb.mnt + "/later.txt", "later")
+        try #require(sb.unmount().ok)
+        let mnt = sb.root + "/restore"
+        try #require(mkdir(mnt, 0o755) == 0)
+        let refused = sb.mount(container: copy, at: mnt)
+        #expect(refused.status == 18 && !E2E.isMounted(mnt), "mounting the older copy is a rollback: \(refused)")
+        try Self.expectSameFiles(sb, copy, files, options: "allow_rollback")
+    }
+
+    @Test func postgresRoundTripIsTheSameContainer() throws {
+        let cluster = try Self.cluster()
+        defer { cluster.destroy() }
+        let (sb, files) = try Self.filled("copypg")
+        defer { sb.cleanup() }
+        let uri = cluster.superuserURI + "&container=backup"
+        let up = Self.copy([sb.container, uri, "--verify", "--passfile", sb.passfile])
+        #expect(up.ok && up.stdout.contains("verified:"), "\(up)")
+        let again = Self.copy([sb.container, uri])
+        #expect(again.status == 1 && again.stderr.contains("already a complete copy of this container"), "\(again)")
+
+        let back = sb.root + "/back"
+        let down = Self.copy([uri, back, "--verify", "--passfile", sb.passfile])
+        #expect(down.ok && down.stdout.contains("verified:"), "\(down)")
+        Self.fsckClean(sb, back)
+        try Self.expectSameFiles(sb, back, files)
+
+        // Interrupted on the way into PostgreSQL, then resumed.
+        let uri2 = cluster.superuserURI + "&container=second"
+        let killed = Self.copy([sb.container, uri2], batchBytes: 64 << 10, killAfter: 4)
+        #expect(killed.status != 0, "the hook kills the copy: \(killed)")
+        let unfinished = E2E.coffer(["copy", uri2, sb.root + "/never"])
+        #expect(unfinished.status != 0, "an unfinished copy is no container: \(unfinished)")
+        let resumed = Self.copy([sb.container, uri2, "--verify", "--passfile", sb.passfile])
+        #expect(resumed.ok && resumed.stderr.contains("resuming an interrupted copy"), "\(resumed)")
+        #expect(resumed.stdout.contains("verified:"), "\(resumed)")
+    }
+
+    @Test func interruptedCopyResumesAndStartsOverWhenTheSourceChanged() throws {
+        let (sb, files) = try Self.filled("copyresume")
+        defer { sb.cleanup() }
+        let copy = sb.root + "/copy"
+        let killed = Self.copy([sb.container, copy], batchBytes: 64 << 10, killAfter: 6)
+        #expect(killed.status != 0 && !killed.stdout.contains("copied"), "the hook kills the copy: \(killed)")
+        #expect(access(copy + "/coffer.json", F_OK) != 0, "no header until every row is there")
+        let notYet = E2E.coffer(["info", copy])
+        #expect(notYet.status == 10, "an unfinished copy is no container: \(notYet)")
+
+        let resumed = Self.copy([sb.container, copy, "--verify", "--passfile", sb.passfile], batchBytes: 64 << 10)
+        #expect(resumed.ok && resumed.stderr.contains("resuming an interrupted copy"), "\(resumed)")
+        #expect(!resumed.stderr.contains("interrupted copy: 0 of"), "rows of the first run were kept: \(resumed)")
+        #expect(resumed.stdout.contains("verified:"), "\(resumed)")
+        Self.fsckClean(sb, copy)
+        try Self.expectSameFiles(sb, copy, files)
+
+        // Interrupted again, then the source changes: the next copy starts over and has the change.
+        let copy2 = sb.root + "/copy2"
+        #expect(Self.copy([sb.container, copy2], batchBytes: 64 << 10, killAfter: 3).status != 0)
+        try #require(sb.mount().ok)
+        try E2E.write(sb.mnt + "/new.txt", "new")
+        var changed = E2E.snapshot(sb.mnt)
+        try #require(sb.unmount().ok)
+        let over = Self.copy([sb.container, copy2, "--verify", "--passfile", sb.passfile])
+        #expect(over.ok && over.stderr.contains("starting over"), "\(over)")
+        changed["new.txt"] = Array("new".utf8)
+        try Self.expectSameFiles(sb, copy2, changed)
+    }
+
+    @Test func existingDestinationsAreRefused() throws {
+        let (sb, _) = try Self.filled("copyrefuse")
+        defer { sb.cleanup() }
+        // A directory with something else in it.
+        let other = sb.root + "/other"
+        try #require(mkdir(other, 0o755) == 0)
+        try E2E.write(other + "/keep.txt", "keep")
+        let r1 = Self.copy([sb.container, other])
+        #expect(r1.status == 1 && r1.stderr.contains("not an unfinished copy") && r1.stderr.contains("refusing to overwrite"), "\(r1)")
+        #expect(E2E.readText(other + "/keep.txt") == "keep" && (try? FileManager.default.contentsOfDirectory(atPath: other))?.count == 1)
+        // A different container, complete and unfinished.
+        let second = sb.root + "/second"
+        #expect(sb.initContainer(container: second).ok)
+        let before = E2E.read(second + "/store.db")
+        let r2 = Self.copy([sb.container, second])
+        #expect(r2.status == 1 && r2.stderr.contains("is a different container"), "\(r2)")
+        #expect(E2E.read(second + "/store.db") == before, "the other container is untouched")
+        let partial = sb.root + "/partial"
+        #expect(Self.copy([second, partial], killAfter: 1).status != 0)
+        let r3 = Self.copy([sb.container, partial])
+        #expect(r3.status == 1 && r3.stderr.contains("unfinished copy of a different container"), "\(r3)")
+        // A complete copy of this container.
+        let copy = sb.root + "/copy"
+        #expect(Self.copy([sb.container, copy]).ok)
+        let r4 = Self.copy([sb.container, copy])
+        #expect(r4.status == 1 && r4.stderr.contains("already a complete copy of this container"), "\(r4)")
+    }
+
+    @Test func verifyFindsARowTamperedInTheCopy() throws {
+        let (sb, _) = try Self.filled("copytamper")
+        defer { sb.cleanup() }
+        let copy = sb.root + "/copy"
+        // Killed after the schema and the inodes were committed; one copied inode row is then changed.
+        #expect(Self.copy([sb.container, copy], killAfter: 2).status != 0)
+        let flip = E2E.py("""
+            import sqlite3, sys
+            db = sqlite3.connect(sys.argv[1])
+            id, v = db.execute('SELECT id, value FROM inodes ORDER BY id DESC LIMIT 1').fetchone()
+            v = bytearray(v); v[20] ^= 1
+            db.execute('UPDATE inodes SET value = ? WHERE id = ?', (bytes(v), id)); db.commit()
+            """, [copy + "/store.db"])
+        try #require(flip.ok, "\(flip)")
+        let r = Self.copy([sb.container, copy, "--verify", "--passfile", sb.passfile])
+        #expect(r.status == 13, "\(r)")
+        #expect(r.stderr.contains("verify: the copy has") && r.stdout.contains("inode"), "\(r)")
+    }
+
+    @Test func mountedSourceIsRefused() throws {
+        let sb = try Sandbox("copymounted")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/f.txt", "data")
+        let copy = sb.root + "/copy"
+        let r = Self.copy([sb.container, copy])
+        #expect(r.status == 15 && r.stderr.contains("container is mounted (pid") && r.stderr.contains("unmount it first"), "\(r)")
+        #expect(access(copy, F_OK) != 0, "nothing was created")
+        #expect(E2E.readText(sb.mnt + "/f.txt") == "data")
+        #expect(sb.unmount().ok)
+        #expect(Self.copy([sb.container, copy]).ok, "copies once unmounted")
+        // A missing source is said before any password is asked.
+        let missing = E2E.onTerminal([E2E.coffer, "copy", sb.root + "/missing", sb.root + "/x", "--verify"], answers: [])
+        #expect(missing.status == 10 && !missing.stdout.contains("assword: ") && access(sb.root + "/x", F_OK) != 0, "\(missing)")
+    }
+}
