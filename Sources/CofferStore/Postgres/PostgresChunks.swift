@@ -38,8 +38,11 @@ extension PostgresBackend {
                 lastSeen = index
                 do {
                     // NULL (a hostile server) reads as an empty value, which fails authentication.
-                    let seen = try r.withBytes(i, 1) { try body(UInt64(bitPattern: index), $0) }
-                    if seen == nil { try body(UInt64(bitPattern: index), UnsafeRawBufferPointer(start: nil, count: 0)) }
+                    let present: Bool? = try r.withBytes(i, 1) { bytes -> Bool in
+                        try body(UInt64(bitPattern: index), bytes)
+                        return true
+                    }
+                    if present == nil { try body(UInt64(bitPattern: index), UnsafeRawBufferPointer(start: nil, count: 0)) }
                 } catch let e as PGError { throw StoreError.postgres(e) }
             }
             guard r.rowCount == Self.chunkPage, lastSeen < last, lastSeen >= from else { return }

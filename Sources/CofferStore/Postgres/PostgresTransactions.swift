@@ -12,7 +12,7 @@ extension PostgresBackend {
         guard !readOnly else { throw .readOnly }
         return try onWriter { () throws(StoreError) -> T in
             if pending.withLock({ $0.since == nil }) {
-                try idle { try $0.execute("BEGIN") }   // nothing is open yet: safe to run again after a reconnect
+                _ = try idle { try $0.execute("BEGIN") }   // nothing is open yet: safe to run again after a reconnect
                 pending.withLock { $0.since = .now }
             }
             let result = try inTransaction { try body(writer) }
