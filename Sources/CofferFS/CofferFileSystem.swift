@@ -46,7 +46,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     var reapsWhenQuiet = false
     /// The committer thread's last look at `forgetsSeen`.
     var quietMark: UInt64 = 0
-    private var rolledBack = false
+    /// Set by the store's `onRollback` (on whatever thread hit it): the errno the lost changes report.
+    private let rolledBack = Mutex<FSError?>(nil)
     private var stopped = false
     private var committer: Thread?
 
@@ -69,7 +70,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             logger.error("the root directory is missing or damaged")
             throw .io
         }
-        store.onRollback = { [weak self] in self?.rolledBack = true }
+        store.onRollback = { [weak self] error in
+            // A full disk is ENOSPC; a lost server or anything else is EIO.
+            self?.rolledBack.withLock { $0 = error == .diskFull ? .noSpace : .io }
+        }
         if !options.readOnly { try removeOrphans() }
     }
 
@@ -158,7 +162,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     // MARK: Inode table (call under meta)
 
     func state(_ ino: InodeNumber) throws(FSError) -> InodeState {
-        if rolledBack { reloadAfterRollback() }
+        if let e = rolledBack.withLock({ $0 }) { reloadAfterRollback(e) }
         if let s = inodes[ino] { return s }
         let record: InodeRecord?
         do { record = try store.inode(ino) } catch { throw fsError(error, "inode \(ino)") }
@@ -174,12 +178,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         return s
     }
 
-    /// The store dropped the open group transaction (the disk filled up): everything since the last
-    /// commit is gone. Reread the cached records, and remember the error for every file that was
+    /// The store dropped the open group transaction (a full disk, a lost database server): everything
+    /// since the last commit is gone. Reread the cached records, and remember the error for every file that was
     /// changed, so its next fsync reports it (as a kernel filesystem reports failed
     /// write-back). What was committed before is untouched.
-    private func reloadAfterRollback(_ error: FSError = .noSpace) {
-        rolledBack = false
+    private func reloadAfterRollback(_ error: FSError) {
+        rolledBack.withLock { $0 = nil }
         logger.error("the store dropped uncommitted changes (\(error)); writes since the last commit are lost and fsync reports it")
         for (ino, s) in inodes {
             if s.dirty { s.writeError = error }
@@ -321,7 +325,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             try store.commit(durable: durable)
         } catch {
             let e = fsError(error)
-            if rolledBack { reloadAfterRollback(e) }
+            if rolledBack.withLock({ $0 }) != nil { reloadAfterRollback(e) }
             throw e
         }
     }

@@ -29,7 +29,7 @@ public final class EntityStore: @unchecked Sendable {
 
     /// Called when the engine dropped the open transaction (e.g. the disk filled up): everything
     /// since the last commit is gone and caches above must be reloaded.
-    public var onRollback: (@Sendable () -> Void)? {
+    public var onRollback: (@Sendable (StoreError) -> Void)? {
         get { backend.onRollback }
         set { backend.onRollback = newValue }
     }
@@ -96,6 +96,8 @@ public final class EntityStore: @unchecked Sendable {
         }
         for kind in registry.registeredKinds where !seen.contains(kind) { throw .missingKind(kind.name) }
         guard let state = schema.meta["state"] else { throw .notAStore("no store state") }
+        // A `coffer copy` that has not finished: its rows are the source's, but not all of them yet.
+        if try backend.copyProgress() != nil { throw .notAStore("an unfinished coffer copy (run the same coffer copy again to finish it)") }
         let record = try sealer.open(StoreStateTransformer(), state, id: Self.stateId, cipher: keys.metadata, describe: "store state")
         guard constantTimeEqual(record.containerId, keys.containerId) else { throw .wrongContainer }
         committedGeneration.withLock { $0 = record.generation }
@@ -119,9 +121,19 @@ public final class EntityStore: @unchecked Sendable {
     public func commit(durable: Bool = true) throws(StoreError) {
         guard !readOnly else { return }
         let next = generation + 1
-        let committed = try backend.commit(durable: durable) { () throws(StoreError) -> [UInt8] in
-            try sealer.seal(StoreStateTransformer(), StoreStateRecord(generation: next, containerId: keys.containerId),
-                            id: Self.stateId, cipher: keys.metadata)
+        var sealedNext = false
+        let committed: Bool
+        do {
+            committed = try backend.commit(durable: durable) { () throws(StoreError) -> [UInt8] in
+                sealedNext = true
+                return try sealer.seal(StoreStateTransformer(), StoreStateRecord(generation: next, containerId: keys.containerId),
+                                       id: Self.stateId, cipher: keys.metadata)
+            }
+        } catch {
+            // The commit may have happened (a COMMIT whose answer was lost with the connection): never
+            // seal this generation over another state. Generations must grow, not be contiguous.
+            if sealedNext { committedGeneration.withLock { $0 = max($0, next) } }
+            throw error
         }
         if committed { committedGeneration.withLock { $0 = next } }
         if durable, let onCommit { onCommit(generation) }

@@ -33,8 +33,8 @@ public protocol StoreBackend: AnyObject, Sendable {
     /// (called only when there is something to commit) written in it. With `durable`, returns only once
     /// this commit and every earlier one are on stable storage. True when a transaction was committed.
     func commit(durable: Bool, state: () throws(StoreError) -> [UInt8]) throws(StoreError) -> Bool
-    /// Called when the engine dropped the open transaction by itself.
-    var onRollback: (@Sendable () -> Void)? { get set }
+    /// Called when the engine dropped the open transaction by itself, with why.
+    var onRollback: (@Sendable (StoreError) -> Void)? { get set }
     var hasPendingChanges: Bool { get }
     /// Whether the open transaction is old or large enough to commit now.
     func isCommitDue(age: Duration, volume: Int) -> Bool

@@ -14,6 +14,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case sealingFailed(String)
     /// The random generator failed: no id, nonce or version could be drawn.
     case randomFailed
+    /// The engine's server cannot be reached (PostgreSQL: connection lost, not back within the wait).
+    case unavailable(String)
     case diskFull
     case readOnly
 
@@ -30,6 +32,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .database(let why): return "store database error: \(why)"
         case .sealingFailed(let why): return "sealing failed: \(why)"
         case .randomFailed: return "the random generator failed"
+        case .unavailable(let why): return "the store's server cannot be reached: \(why)"
         case .diskFull: return "no space left on the container's disk"
         case .readOnly: return "the store is open read-only"
         }

@@ -37,7 +37,7 @@ struct CopyCommand: ParsableCommand {
     func run() throws {
         try reportingFailures {
             let src = try ContainerLocation.parse(source), dst = try ContainerLocation.parse(destination)
-            if case .directory(let a) = src, case .directory(let b) = dst, Self.absolute(a) == Self.absolute(b) {
+            if case .directory(let a) = src, case .directory(let b) = dst, Container.absolutePath(a) == Container.absolutePath(b) {
                 throw CLIFailure(message: "SRC and DEST are the same place", code: ExitStatus.usage)
             }
             if verify { try secret.checkSource() }
@@ -55,7 +55,7 @@ struct CopyCommand: ParsableCommand {
                 let destLock = try Self.lockIfDirectory(dst, what: "DEST")
                 defer { withExtendedLifetime(destLock) {} }
                 let (rows, resumed) = try Self.copy(copySource, to: dst)
-                print("coffer copy: \(resumed ? "finished the copy" : "copied") \(source) to \(dst) (\(rows) rows\(resumed ? " this time" : ""))")
+                print("coffer copy: \(resumed ? "finished the copy" : "copied") \(src) to \(dst) (\(rows) rows\(resumed ? " this time" : ""))")
             }
             if let given { try Self.verify(dst, given) }
         }
@@ -78,7 +78,7 @@ struct CopyCommand: ParsableCommand {
     /// for itself) and a destination in use are refused; two copies into one place never run at once.
     private static func lockIfDirectory(_ location: ContainerLocation, what: String) throws -> ContainerLock? {
         guard case .directory(let path) = location, FileManager.default.fileExists(atPath: path) else { return nil }
-        let root = absolute(path)
+        let root = Container.absolutePath(path)
         ContainerLock.awaitDaemonWithoutMount(root: root)
         do { return try ContainerLock(root: root) } catch let f as CLIFailure where f.code == ExitStatus.alreadyMounted {
             let pid = ContainerLock.holder(root: root).map { String($0) } ?? "?"
@@ -102,9 +102,5 @@ struct CopyCommand: ParsableCommand {
             throw CLIFailure(message: "verify: the copy has \(result.problems.count) problem(s)", code: ExitStatus.storeDamaged)
         }
         print("coffer copy: verified: \(n.inodes) inodes, \(n.entries) entries, \(n.chunks) chunks, \(n.chunkMapPages) map pages, \(n.xattrs) xattrs open")
-    }
-
-    static func absolute(_ path: String) -> String {
-        ((path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path) as NSString).standardizingPath
     }
 }

@@ -172,7 +172,7 @@ struct LifecycleTests {
         #expect(f.fs.meta.withLock { f.fs.dying.count } == 2)
         // The store drops the open transaction, as on SQLITE_FULL.
         try f.store.sqlite.writer { db in try db.execute(sql: "ROLLBACK") }
-        f.store.onRollback?()
+        f.store.onRollback?(.diskFull)
         #expect(try f.list() == ["kept"], "the lost unlink's entry is back")
         #expect(f.fs.meta.withLock { f.fs.dying.keys.sorted() } == [gone])
         f.fs.reapAll()

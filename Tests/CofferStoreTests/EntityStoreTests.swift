@@ -73,7 +73,7 @@ struct EntityStoreTests {
             let (store, _, _) = try makeStore(in: dir)
             defer { store.close() }
             let rollbacks = Mutex(0)
-            store.onRollback = { rollbacks.withLock { $0 += 1 } }
+            store.onRollback = { _ in rollbacks.withLock { $0 += 1 } }
             try store.sqlite.writer { db in
                 try db.execute(sql: "CREATE TEMP TRIGGER refuse BEFORE INSERT ON dirents BEGIN SELECT RAISE(ROLLBACK, 'injected'); END")
             }

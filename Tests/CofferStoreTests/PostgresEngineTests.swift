@@ -79,7 +79,7 @@ struct PostgresEngineTests {
         defer { store.close() }
         let location = try #require(made.location)
         let rollbacks = Mutex(0)
-        store.onRollback = { rollbacks.withLock { $0 += 1 } }
+        store.onRollback = { _ in rollbacks.withLock { $0 += 1 } }
         try store.putInode(30, sampleInode(size: 30))
         try store.commit()
         try store.putInode(30, sampleInode(size: 31))
@@ -105,7 +105,7 @@ struct PostgresEngineTests {
         defer { store.close() }
         let location = try #require(made.location)
         let rollbacks = Mutex(0)
-        store.onRollback = { rollbacks.withLock { $0 += 1 } }
+        store.onRollback = { _ in rollbacks.withLock { $0 += 1 } }
         try store.putInode(40, sampleInode(size: 40))
         let killed = try TestPostgres.cluster().psql("""
             SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -133,7 +133,7 @@ struct PostgresEngineTests {
         let store = try made.open(reconnectWait: 30)
         defer { store.close() }
         let rollbacks = Mutex(0)
-        store.onRollback = { rollbacks.withLock { $0 += 1 } }
+        store.onRollback = { _ in rollbacks.withLock { $0 += 1 } }
         try store.putInode(10, sampleInode(size: 10))
         try store.commit()
         let committed = store.generation

@@ -23,7 +23,7 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // wri
     private let readers = Mutex<PGPool?>(nil)
     static let readerConnections = 4
 
-    public var onRollback: (@Sendable () -> Void)?
+    public var onRollback: (@Sendable (StoreError) -> Void)?
 
     /// The open group transaction: when it began, how many bytes it adds, which files' content it
     /// changed (their reads go through the writer until the commit).
@@ -34,6 +34,8 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // wri
         mutating func clear() { since = nil; bytes = 0; dirtyFiles.removeAll() }
     }
     let pending = Mutex(Pending())
+    /// A read snapshot is open (`beginSnapshot`), and whether its connection was lost since.
+    let snapshot = Mutex(false), snapshotLost = Mutex(false)
     let closed = Atomic<Bool>(false)
 
     private init(location: PostgresLocation, writer: PGConnection, readOnly: Bool, reconnectWait: Double) throws(StoreError) {
@@ -106,7 +108,10 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // wri
                 }
                 return StoreSchema(kinds: kinds, meta: meta)
             }
-        } catch { throw .notAStore("\(error)") }
+        } catch {
+            if case .unavailable = error { throw error }   // the server is away: not a damaged store
+            throw .notAStore("\(error)")
+        }
     }
 
     public func initializeSchema(_ schema: StoreSchema) throws(StoreError) {

@@ -7,6 +7,7 @@ extension StoreError {
         case let e as PGError:
             if e.sqlState == .diskFull { return .diskFull }
             if e.sqlState == .readOnlyTransaction { return .readOnly }
+            if e.kind == .connection || e.isConnectionLoss { return .unavailable(e.description) }
             return .database(e.description)
         default: return .database("\(error)")
         }

@@ -27,6 +27,7 @@ extension PostgresBackend {
     /// Runs a read on the writer: in the open transaction if there is one (it must see it).
     func read<T>(_ body: (PGConnection) throws -> T) throws(StoreError) -> T {
         try onWriter { () throws(StoreError) -> T in
+            if snapshotLost.withLock({ $0 }) { throw .unavailable("the connection holding the snapshot was lost") }
             if pending.withLock({ $0.since != nil }) { return try inTransaction { try body(writer) } }
             return try idle(body)
         }
@@ -67,6 +68,7 @@ extension PostgresBackend {
         try onWriter { () throws(StoreError) in
             try idle { try $0.executeScript("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1") }
             pending.withLock { $0.since = .now }
+            snapshot.withLock { $0 = true }
         }
     }
 
@@ -105,22 +107,25 @@ extension PostgresBackend {
     private func inTransaction<T>(_ body: () throws -> T) throws(StoreError) -> T {
         do { return try body() } catch {
             let pg = error as? PGError
+            let e = StoreError.postgres(error)
             if pg?.kind == .connection || writer.transactionFailed || !writer.inTransaction || !writer.isAlive {
-                droppedTransaction()
+                droppedTransaction(e)
             }
-            throw StoreError.postgres(error)
+            throw e
         }
     }
 
-    /// The group is gone: end what is left of it on the server, forget it here, tell the store.
-    func droppedTransaction() {
+    /// The group is gone: end what is left of it on the server, forget it here, tell the store. A
+    /// snapshot (`beginSnapshot`) is gone for good: later reads fail instead of reading outside it.
+    func droppedTransaction(_ error: StoreError) {
+        if snapshot.withLock({ $0 }) { snapshotLost.withLock { $0 = true } }
         if writer.isAlive {
             if writer.inTransaction { _ = try? writer.execute("ROLLBACK") }
         } else {
             writer.close()   // reconnected by the next call
         }
         pending.withLock { $0.clear() }
-        onRollback?()
+        onRollback?(error)
     }
 
     private func reconnect() throws(StoreError) {

@@ -22,7 +22,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     let mappedReaders: ChunkReaders, preadReaders: ChunkReaders
     static let mappedChunks: UInt64 = 32
 
-    public var onRollback: (@Sendable () -> Void)?
+    public var onRollback: (@Sendable (StoreError) -> Void)?
 
     /// The open group transaction: its age and volume (when to commit) and the files it changed
     /// (whose content must be read through the writer).
@@ -193,7 +193,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
                 }
                 var meta: [String: [UInt8]] = [:]
                 for row in try Row.fetchAll(db, sql: "SELECT name, value FROM coffer_meta") {
-                    guard let name = try? row.decode(String.self, atIndex: 0), let value = row[1] as Data? else { continue }
+                    guard let name = try? row.decode(String.self, atIndex: 0), let value = (try? row.decode(Data?.self, atIndex: 1)) ?? nil else { continue }
                     meta[name] = [UInt8](value)
                 }
                 return StoreSchema(kinds: kinds, meta: meta)

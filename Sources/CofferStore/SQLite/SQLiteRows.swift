@@ -59,10 +59,15 @@ extension SQLiteBackend {
             try Row.fetchAll(db.cachedStatement(sql: "SELECT tag, value FROM dirents WHERE parent = ? AND tag >= ? ORDER BY tag LIMIT ?"),
                              arguments: [Data(parentTag), Data(from), limit])
         }
-        return rows.compactMap { row in
-            guard let tag = row[0] as Data?, let value = row[1] as Data? else { return nil }
-            return ([UInt8](tag), [UInt8](value))
-        }
+        return rows.map(Self.tagAndValue)
+    }
+
+    /// A row's tag and sealed value; a value that is no blob (a hostile store) comes back empty, so it
+    /// fails authentication and is reported instead of hiding the row.
+    static func tagAndValue(_ row: Row) -> (tag: [UInt8], sealed: [UInt8]) {
+        // `decode` throws where the subscript would trap on a value that is not a blob or text.
+        func bytes(_ i: Int) -> [UInt8] { ((try? row.decode(Data?.self, atIndex: i)) ?? nil).map { [UInt8]($0) } ?? [] }
+        return (bytes(0), bytes(1))
     }
 
     public func hasEntries(parentTag: [UInt8]) throws(StoreError) -> Bool {
@@ -184,10 +189,7 @@ extension SQLiteBackend {
         let rows = try writer { db in
             try Row.fetchAll(db.cachedStatement(sql: "SELECT tag, value FROM xattrs WHERE inode = ?"), arguments: [Int64(bitPattern: inode)])
         }
-        return rows.compactMap { row in
-            guard let tag = row[0] as Data?, let value = row[1] as Data? else { return nil }
-            return ([UInt8](tag), [UInt8](value))
-        }
+        return rows.map(Self.tagAndValue)
     }
 
     public func putXattr(inode: UInt64, tag: [UInt8], sealed: [UInt8]) throws(StoreError) {

@@ -78,23 +78,23 @@ extension SQLiteBackend {
         let result: T
         do { result = try body(db) } catch {
             let e = StoreError.sqlite(error)
-            noticeDroppedTransaction(db)
+            noticeDroppedTransaction(db, e)
             if e == .diskFull, !(error is NoRoomToGrow) { reserve?.release() }
             throw e
         }
-        noticeDroppedTransaction(db)
+        noticeDroppedTransaction(db, .database("SQLite ended the transaction"))
         return result
     }
 
     /// SQLite ends a transaction by itself on some errors; the group it held is gone.
-    private func noticeDroppedTransaction(_ db: Database) {
-        if !db.isInsideTransaction, pending.withLock({ $0.since != nil }) { droppedTransaction() }
+    private func noticeDroppedTransaction(_ db: Database, _ error: StoreError) {
+        if !db.isInsideTransaction, pending.withLock({ $0.since != nil }) { droppedTransaction(error) }
     }
 
-    func droppedTransaction() {
+    func droppedTransaction(_ error: StoreError) {
         pending.withLock { $0.clearTransaction() }
         checkpointer?.checkpointSoon()
-        onRollback?()
+        onRollback?(error)
     }
 
     /// Commits everything written so far in one atomic commit, with the sealed store state. With
@@ -116,7 +116,7 @@ extension SQLiteBackend {
                 } catch {
                     if db.isInsideTransaction { try? db.execute(sql: "ROLLBACK") }
                     try? db.execute(sql: "PRAGMA cache_size = -\(Self.idleWriterCacheKiB)")
-                    droppedTransaction()
+                    droppedTransaction(StoreError.sqlite(error))
                     if (error as? DatabaseError)?.resultCode == .SQLITE_FULL { makeRoom(db) }
                     throw error
                 }
