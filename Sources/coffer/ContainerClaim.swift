@@ -62,7 +62,7 @@ final class ContainerClaim: @unchecked Sendable {
             ContainerLock.awaitDaemonWithoutMount(root: c.root)
             if ContainerLock.holder(root: c.root) != nil { throw ContainerLock.alreadyMounted(root: c.root) }
         case .postgres(let p):
-            if let h = PostgresLease.holder(p) { throw alreadyMounted(c, h) }
+            if let h = PostgresLease.holder(p), !h.isGone(machine: machineId) { throw alreadyMounted(c, h) }
         }
     }
 

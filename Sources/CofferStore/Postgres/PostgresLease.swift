@@ -12,6 +12,8 @@ public final class PostgresLease: @unchecked Sendable {
     public struct Holder: Sendable, Equatable, CustomStringConvertible {
         public let holder: String, host: String, pid: Int32, machine: String, purpose: String
         public var description: String { "pid \(pid) on \(host) (\(purpose))" }
+        /// A holder of this machine whose process has ended: its lease can be taken over at once.
+        public func isGone(machine: String) -> Bool { self.machine == machine && host == hostName() && !isAlive(pid) }
     }
 
     public enum Failure: Error, CustomStringConvertible {
@@ -76,8 +78,7 @@ public final class PostgresLease: @unchecked Sendable {
             if r.rowCount == 1 {
                 let h = try Self.holder(r)
                 let live = try r.bool(0, 5) ?? false
-                let deadHere = h.machine == me.machine && h.host == me.host && !Self.isAlive(h.pid)
-                if live && h.holder != me.holder && !deadHere { return h }
+                if live && h.holder != me.holder && !h.isGone(machine: me.machine) { return h }
             }
             try c.execute(sql.putLease, params())
             return nil
@@ -117,8 +118,14 @@ public final class PostgresLease: @unchecked Sendable {
                machine: try r.text(0, 3) ?? "", purpose: try r.text(0, 4) ?? "mount")
     }
 
-    /// A process of this machine that still runs (EPERM: it runs under another user).
-    static func isAlive(_ pid: Int32) -> Bool { pid > 0 && (kill(pid, 0) == 0 || errno == EPERM) }
+    /// A process of this machine that still runs (EPERM: it runs under another user). A zombie does
+    /// not: a killed daemon nobody has reaped yet holds nothing.
+    static func isAlive(_ pid: Int32) -> Bool {
+        guard pid > 0, kill(pid, 0) == 0 || errno == EPERM else { return false }
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else { return true }
+        let state = stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first
+        return state != "Z" && state != "X"
+    }
 
     public static func hostName() -> String {
         var buf = [CChar](repeating: 0, count: 256)
