@@ -53,6 +53,9 @@ test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 	COFFER_TEST_ENGINE=postgres $(SWIFT) test --skip-build --filter CofferFSTests   # the filesystem tests again, over PostgreSQL
+	# The mount suites again over PostgreSQL (fewer model seeds and crash rounds: the time budget of `make test`).
+	COFFER_TEST_ENGINE=postgres COFFER_MODEL_SEEDS=$${COFFER_PG_MODEL_SEEDS:-10} COFFER_CRASH_ROUNDS=$${COFFER_PG_CRASH_ROUNDS:-10} \
+		$(SWIFT) test --skip-build --filter 'CofferCLITests\.(PosixTests|ModelTests|WorkloadTests|CrashTests)'
 
 # Coffer, a plain directory and gocryptfs side by side (release build).
 bench: release bench-deps
