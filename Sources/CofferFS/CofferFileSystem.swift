@@ -31,7 +31,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     let chunkSize: Int
     let options: Options
     let logger: Logger
-    let statfsPath: String
+    let statfsPath: String?
 
     let meta = Lock()
     var inodes: [InodeNumber: InodeState] = [:]
@@ -60,7 +60,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     public var opensWithoutHandles: Bool { true }
 
     /// Opens the filesystem over an open store. Orphans left by a crash are removed first.
-    public init(store: EntityStore, chunkSize: Int, options: Options, statfsPath: String, logger: Logger) throws(FSError) {
+    public init(store: EntityStore, chunkSize: Int, options: Options, statfsPath: String?, logger: Logger) throws(FSError) {
         self.store = store
         self.chunkSize = chunkSize
         self.options = options

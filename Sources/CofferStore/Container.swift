@@ -241,6 +241,10 @@ public final class Container: @unchecked Sendable {
         return (container, keys, recoveryText)
     }
 
+    /// Whether a PostgreSQL container by that name exists (`coffer init` asks before the password;
+    /// a server that cannot be reached throws `.unreadable`).
+    public static func exists(_ location: PostgresLocation) throws(ContainerError) -> Bool { try PostgresHeader.exists(location) }
+
     /// A container in a new schema: the schema, its tables, the header row and the store's first
     /// rows in one transaction (all or nothing). A schema by that name already there is refused.
     private static func create(_ location: PostgresLocation, password: SecureBytes, options: CreateOptions) throws(ContainerError)

@@ -33,6 +33,10 @@ public struct PostgresLocation: Sendable, Equatable {
     /// `scheme://[user@]host[:port]/dbname?container=NAME`: no password, no other parameters.
     public let display: String
 
+    /// Whether the URI itself carries a password (userinfo or `password=`): the CLI refuses it, so a
+    /// password never reaches argv or a daemon's command line (libpq's other sources remain).
+    public var carriesPassword: Bool { !PGConnectionString.secrets(in: conninfo).isEmpty }
+
     static func isURI(_ text: String) -> Bool { text.hasPrefix("postgresql://") || text.hasPrefix("postgres://") }
 
     public init(uri: String) throws(ContainerError) {

@@ -44,23 +44,9 @@ enum CommandRouting {
     }
 }
 
-/// Containers named by a URI (a PostgreSQL engine is planned); none can be opened yet.
+/// Containers named by a URI: a schema in a PostgreSQL database (ContainerLocation).
 enum ContainerURI {
     static let schemes = ["postgresql://", "postgres://"]
 
     static func isURI(_ s: String) -> Bool { schemes.contains { s.hasPrefix($0) } }
-
-    /// The mount refuses a URI clearly instead of looking for a directory of that name.
-    static func refuse(_ s: String) -> CLIFailure {
-        CLIFailure(message: "\(redacted(s)): PostgreSQL containers are not supported by this coffer yet", code: ExitStatus.noContainer)
-    }
-
-    /// The URI without a password it may carry (`postgresql://user:secret@host/db`).
-    static func redacted(_ s: String) -> String {
-        guard let scheme = schemes.first(where: { s.hasPrefix($0) }) else { return s }
-        let rest = s.dropFirst(scheme.count)
-        guard let at = rest.firstIndex(of: "@") else { return s }
-        let user = rest[..<at].split(separator: ":", maxSplits: 1).first.map(String.init) ?? ""
-        return scheme + user + (rest[..<at].contains(":") ? ":***" : "") + rest[at...]
-    }
 }

@@ -24,7 +24,7 @@ struct FsckCommand: ParsableCommand {
               32  cancelled by the user
             """)
 
-    @Argument(help: "The container directory.")
+    @Argument(help: "The container directory or postgresql:// URI.")
     var container: String
 
     @OptionGroup var secret: SecretOptions
@@ -62,16 +62,15 @@ struct FsckCommand: ParsableCommand {
     /// Runs the check (and repair); returns the exit status. Failures print one line on stderr.
     private func execute(_ report: inout Report) -> Int32 {
         let c: Container
-        let lock: ContainerLock
+        let lock: ContainerClaim
         do {
-            c = try Container.open(at: container)
+            c = try ContainerSource.open(container)
             report.container = c.root
-            ContainerLock.awaitDaemonWithoutMount(root: c.root)
-            do { lock = try ContainerLock(root: c.root) } catch let f as CLIFailure where f.code == ExitStatus.alreadyMounted {
-                let pid = ContainerLock.holder(root: c.root).map { String($0) } ?? "?"
-                return fail("container is mounted (pid \(pid)) — unmount it first", &report)
+            do { lock = try ContainerClaim.take(c, purpose: "fsck") } catch let f as CLIFailure where f.code == ExitStatus.alreadyMounted {
+                return fail("container is mounted (\(ContainerClaim.holder(c) ?? "pid ?")) — unmount it first", &report)
             }
         } catch { return fail(CLIFailure.from(error).message, &report) }
+        defer { lock.release() }
         return withExtendedLifetime(lock) { () -> Int32 in
             let keys: ContainerKeys
             do { keys = try secret.unlock(c).keys } catch { return fail(CLIFailure.from(error).message, &report) }
@@ -81,11 +80,9 @@ struct FsckCommand: ParsableCommand {
     }
 
     private func checkAndRepair(_ c: Container, keys: ContainerKeys, _ report: inout Report) -> Int32 {
-        let storePath: String
         let result: CheckResult
         do {
-            storePath = try c.storePath()
-            result = try check(storePath, keys: keys, chunkSize: c.header.chunkSize)
+            result = try check(c, keys: keys)
         } catch { return fail(CLIFailure.from(error).message, &report) }
         report.found = result
         if !json { printProblems(result, heading: "coffer fsck \(c.root)") }
@@ -102,7 +99,7 @@ struct FsckCommand: ParsableCommand {
             }
         }
         do {
-            let store = try EntityStore.open(at: storePath, keys: keys, readOnly: false)
+            let store = try c.openStore(keys: keys, readOnly: false)
             defer { store.close() }
             report.summary = try Repairer.repair(result, store: store)
         } catch { return fail("repair failed, nothing was changed: \(CLIFailure.from(error).message)", &report) }
@@ -112,7 +109,7 @@ struct FsckCommand: ParsableCommand {
         }
         // A second look says whether everything was repaired.
         do {
-            let after = try check(storePath, keys: keys, chunkSize: c.header.chunkSize)
+            let after = try check(c, keys: keys)
             report.remaining = after
             if after.isClean { return Status.repaired }
             if !json { printProblems(after, heading: "Left after the repair:") }
@@ -120,8 +117,9 @@ struct FsckCommand: ParsableCommand {
         } catch { return fail(CLIFailure.from(error).message, &report) }
     }
 
-    private func check(_ path: String, keys: ContainerKeys, chunkSize: Int) throws -> CheckResult {
-        let store = try EntityStore.open(at: path, keys: keys, readOnly: true)
+    private func check(_ c: Container, keys: ContainerKeys) throws -> CheckResult {
+        let chunkSize = c.header.chunkSize
+        let store = try c.openStore(keys: keys, readOnly: true)
         defer { store.close() }
         let bar = ProgressBar("checking")
         defer { bar.finish() }

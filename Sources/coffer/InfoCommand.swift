@@ -6,7 +6,7 @@ struct InfoCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "info", abstract: "Show a container's format, cipher, key derivation and key slots; with a secret, also its contents' counts.")
 
-    @Argument(help: "The container directory.")
+    @Argument(help: "The container directory or postgresql:// URI.")
     var container: String
 
     @OptionGroup var secret: SecretOptions
@@ -16,7 +16,7 @@ struct InfoCommand: ParsableCommand {
 
     func run() throws {
         try reportingFailures {
-            let c = try Container.open(at: container)
+            let c = try ContainerSource.open(container)
             // The secret first: a source that fails must fail before the header is printed.
             let given = unlock || secret.isGiven ? try secret.secret() : nil
             defer { given?.bytes.wipe() }
@@ -25,7 +25,7 @@ struct InfoCommand: ParsableCommand {
             print("Format:         \(h.format) version \(h.version)")
             print("Container id:   \(h.containerId)")
             print("Cipher:         \(h.cipher), \(h.chunkSize / 1024) KiB chunks")
-            print("Store:          \(h.store)")
+            if case .postgres(let p) = c.location { print("Store:          PostgreSQL schema \"\(p.container)\"") } else { print("Store:          \(h.store)") }
             print("Features:       \(h.features.isEmpty ? "none" : h.features.joined(separator: ", "))")
             print("Key slots:      \(h.slots.count)")
             for slot in h.slots {
@@ -34,13 +34,13 @@ struct InfoCommand: ParsableCommand {
             guard let given else { return }
             let (keys, slotId) = try c.unlock(given)
             defer { keys.wipe() }
-            if let pid = ContainerLock.holder(root: c.root) {
+            if let holder = ContainerClaim.holder(c) {
                 // A daemon holds the store for itself while mounted (EntityStore.exclusiveByDefault).
                 print("Unlocked by:    slot \(slotId)")
-                print("Mounted:        by daemon pid \(pid); unmount it to see entity counts and store size")
+                print("Mounted:        by daemon \(holder); unmount it to see entity counts and store size")
                 return
             }
-            let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: true)
+            let store = try c.openStore(keys: keys, readOnly: true)
             defer { store.close() }
             let counts = try store.counts()
             print("Unlocked by:    slot \(slotId)")

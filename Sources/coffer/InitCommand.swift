@@ -5,9 +5,9 @@ import Glibc
 
 struct InitCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "init", abstract: "Create a new container directory.")
+        commandName: "init", abstract: "Create a new container (a directory, or a schema in PostgreSQL named by a postgresql:// URI).")
 
-    @Argument(help: "The container directory to create (missing or empty).")
+    @Argument(help: "The container directory to create (missing or empty), or a postgresql://...?container=NAME URI.")
     var container: String
 
     @OptionGroup var secret: PasswordSource
@@ -26,6 +26,10 @@ struct InitCommand: ParsableCommand {
 
     /// Refuses a place where no container can be created before the password is asked.
     func checkTarget() throws {
+        if case .postgres(let p) = try ContainerSource.location(container) {
+            guard try !Container.exists(p) else { throw ContainerError.alreadyExists(p.display) }
+            return
+        }
         let path = Container.absolutePath(container)
         var st = stat()
         if stat(path, &st) == 0 {
@@ -48,7 +52,7 @@ struct InitCommand: ParsableCommand {
             options.kdf = kdf.choice
             options.chunkSize = chunkSize
             options.withRecoveryKey = !noRecoveryKey
-            let created = try Container.create(at: container, password: password, options: options)
+            let created = try Container.create(try ContainerSource.location(container), password: password, options: options)
             defer { created.keys.wipe() }
             print("Created container \(created.container.root)")
             print("  key derivation: \(kdf.choice)")

@@ -27,7 +27,7 @@ struct MountCommand: ParsableCommand {
             reports READY=1 once the mount answers, STOPPING=1 when unmounting, and pings WATCHDOG=1.
             """)
 
-    @Argument(help: "The container directory (or give --config).")
+    @Argument(help: "The container directory or postgresql:// URI (or give --config).")
     var container: String?
 
     @Argument(help: "The mountpoint: an existing empty directory that is not a mountpoint (or give --config).")
@@ -116,14 +116,14 @@ struct MountCommand: ParsableCommand {
                 try checkBeforeSecrets(t, options: opts, secret: secretOptions)
                 let pid = try Daemonizer.startInBackground(secret: secretOptions, arguments: backgroundArguments(t, readOnly: opts.readOnly))
                 // The daemon is another process: the manager must watch it, not this launcher.
-                notifier?.ready(mainPid: pid, status: "Mounted \(Container.absolutePath(t.container)) on \(Container.absolutePath(t.mountpoint))")
+                notifier?.ready(mainPid: pid, status: "Mounted \(ContainerSource.argument(t.container)) on \(Container.absolutePath(t.mountpoint))")
             }
         }
     }
 
     /// The arguments for the background daemon: everything but the secret, which goes through a pipe.
     func backgroundArguments(_ t: Target, readOnly: Bool) -> [String] {
-        var args = ["mount", Container.absolutePath(t.container), Container.absolutePath(t.mountpoint), "--log-level", logLevel]
+        var args = ["mount", ContainerSource.argument(t.container), Container.absolutePath(t.mountpoint), "--log-level", logLevel]
         if allowRollback { args.append("--allow-rollback") }
         for o in t.options { args += ["-o", o] }
         if readOnly { args += ["-o", "ro"] }
@@ -162,24 +162,23 @@ struct MountCommand: ParsableCommand {
     }
 
     func prepare(target t: Target, options opts: MountOptionSet, secret: SecretOptions, logger: Logger, notifier: ServiceNotifier?) throws -> PreparedMount {
-        notifier?.status("Opening the container \(Container.absolutePath(t.container))")
         let c = try Self.openContainer(t.container)
+        notifier?.status("Opening the container \(c.root)")
         let mnt = Container.absolutePath(t.mountpoint)
         try Mountpoint.check(mnt, allowNonEmpty: opts.nonempty)
-        ContainerLock.awaitDaemonWithoutMount(root: c.root)
-        let lock = try ContainerLock(root: c.root)
+        let lock = try ContainerClaim.take(c, purpose: "mount")
         notifier?.status("Unlocking the container")
         let keys = try secret.unlock(c).keys
         do {
             notifier?.status("Opening the store")
-            let store = try EntityStore.open(at: try c.storePath(), keys: keys, readOnly: opts.readOnly)
+            let store = try c.openStore(keys: keys, readOnly: opts.readOnly, reconnectWait: opts.reconnectWait)
             try checkRollback(store: store, containerId: c.header.containerId, allow: opts.allowRollback, readOnly: opts.readOnly, logger: logger)
             var fsOptions = CofferFileSystem.Options()
             fsOptions.readOnly = opts.readOnly
             fsOptions.symlinkRoot = mnt
             fsOptions.plainSymlinks = opts.plainSymlinks
             let fs: CofferFileSystem
-            do { fs = try CofferFileSystem(store: store, chunkSize: c.header.chunkSize, options: fsOptions, statfsPath: c.root, logger: logger) } catch {
+            do { fs = try CofferFileSystem(store: store, chunkSize: c.header.chunkSize, options: fsOptions, statfsPath: Self.statfsPath(c), logger: logger) } catch {
                 store.close()
                 throw CLIFailure(message: "the container's store is damaged: the root directory does not open", code: ExitStatus.storeDamaged)
             }
@@ -192,6 +191,10 @@ struct MountCommand: ParsableCommand {
                 throw CLIFailure(message: "\(error)", code: ExitStatus.mountFailed)
             }
             if !opts.readOnly { fs.startCommitter() }
+            lock.startRenewing(logger: logger) { why in
+                logger.error("unmounting: \(why)")
+                fuse.requestExit()
+            }
             return PreparedMount(fuse: fuse, fs: fs, keys: keys, lock: lock, containerRoot: c.root, mountpoint: mnt)
         } catch {
             keys.wipe()
@@ -207,14 +210,17 @@ extension MountCommand {
     func checkBeforeSecrets(_ t: Target, options opts: MountOptionSet, secret: SecretOptions) throws {
         let c = try Self.openContainer(t.container)
         try Mountpoint.check(Container.absolutePath(t.mountpoint), allowNonEmpty: opts.nonempty)
-        ContainerLock.awaitDaemonWithoutMount(root: c.root)
-        if ContainerLock.holder(root: c.root) != nil { throw ContainerLock.alreadyMounted(root: c.root) }
+        try ContainerClaim.checkFree(c)
         try secret.checkSource()
     }
 
-    static func openContainer(_ source: String) throws -> Container {
-        if ContainerURI.isURI(source) { throw ContainerURI.refuse(source) }
-        return try Container.open(at: source)
+    static func openContainer(_ source: String) throws -> Container { try ContainerSource.open(source) }
+
+    /// statfs(2) of a directory container reports the disk it is on. A PostgreSQL container's server
+    /// disk is not visible to a client: nil, and the mount reports a fixed large, empty capacity.
+    static func statfsPath(_ c: Container) -> String? {
+        if case .directory = c.location { return c.root }
+        return nil
     }
 
     /// A container that cannot be written (read-only medium or bind mount, a directory or store without
@@ -222,7 +228,7 @@ extension MountCommand {
     /// explicit `-o rw` is refused. mount(8) passes `rw` whenever `ro` is not given, so in its argv form
     /// (`coffer SOURCE DIR -o ...`) `rw` is only that default.
     func settleReadOnlyContainer(_ opts: inout MountOptionSet, target t: Target) throws {
-        guard !opts.readOnly, let c = try? Container.open(at: t.container), let store = try? c.storePath() else { return }
+        guard !opts.readOnly, !ContainerURI.isURI(t.container), let c = try? Container.open(at: t.container), let store = try? c.storePath() else { return }
         let storeReadOnly = access(store, F_OK) == 0 && access(store, W_OK) != 0
         guard access(c.root, W_OK) != 0 || storeReadOnly else { return }
         let tokens = t.options.flatMap { $0.split(separator: ",") }
@@ -260,11 +266,11 @@ final class PreparedMount: @unchecked Sendable {
     let fuse: FUSEMount
     let fs: CofferFileSystem
     let keys: ContainerKeys
-    let lock: ContainerLock
+    let lock: ContainerClaim
     let containerRoot: String
     let mountpoint: String
 
-    init(fuse: FUSEMount, fs: CofferFileSystem, keys: ContainerKeys, lock: ContainerLock, containerRoot: String, mountpoint: String) {
+    init(fuse: FUSEMount, fs: CofferFileSystem, keys: ContainerKeys, lock: ContainerClaim, containerRoot: String, mountpoint: String) {
         self.fuse = fuse; self.fs = fs; self.keys = keys; self.lock = lock; self.containerRoot = containerRoot; self.mountpoint = mountpoint
     }
 
@@ -275,7 +281,8 @@ final class PreparedMount: @unchecked Sendable {
         }
     }
 
-    func finish() { keys.wipe() }
+    /// After the loop (the store is closed): the keys go, and a lease is given back.
+    func finish() { keys.wipe(); lock.release() }
 }
 
 /// The watchdog's check: once mounted, a statvfs (never answered from the kernel's cache) must reach

@@ -19,6 +19,8 @@ struct MountOptionSet {
     var singleThreaded = false
     var maxThreads: UInt32?
     var allowRollback = false
+    /// PostgreSQL containers: how long an operation waits for a lost server before it fails (EIO).
+    var reconnectWait: Double = 30
     /// Set-user-ID programs and device files are not honoured in the mount unless asked (`suid`, `dev`),
     /// in every form: libfuse defaults to nosuid,nodev, but mount.fuse3 asks for suid,dev (see `fromMountHelper`).
     var nosuid = true
@@ -47,6 +49,7 @@ struct MountOptionSet {
         (["no_writeback_cache"], "turn off the kernel's writeback cache (on by default: writes reach the daemon in batches, errors show at fsync or close; writeback_cache is accepted)"),
         (["writeback_cache"], "the default"),
         (["allow_rollback"], "mount a store older than the newest this machine has seen (as --allow-rollback)"),
+        (["reconnect_wait=SECONDS"], "PostgreSQL containers: how long an operation waits for a lost server to come back before it fails with EIO (default 30, 0 to 3600)"),
         (["max_threads=N"], "worker threads, 1 to 256 (default: one more than cores)"),
         (["suid", "dev"], "honour set-user-ID programs and device files (nosuid,nodev is the default in every form; through mount(8) and fstab write allow_suid, allow_dev: mount.fuse3 asks for suid,dev whatever was written)"),
         (["noatime", "noexec", "sync", "dirsync"], "mount flags, and their opposites (atime, exec, async)"),
@@ -93,6 +96,11 @@ struct MountOptionSet {
                 }
                 maxThreads = n
             case ("allow_rollback", nil): allowRollback = true
+            case ("reconnect_wait", let v?):
+                guard let n = Double(v), n.isFinite, (0 ... 3600).contains(n) else {
+                    throw CLIFailure(message: "mount option reconnect_wait=\(v): expected a number of seconds from 0 to 3600", code: ExitStatus.usage)
+                }
+                reconnectWait = n
             case ("suid", nil), ("allow_suid", nil): nosuid = false
             case ("nosuid", nil): nosuid = true
             case ("dev", nil), ("allow_dev", nil): nodev = false

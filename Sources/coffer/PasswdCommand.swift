@@ -14,7 +14,7 @@ struct PasswdCommand: ParsableCommand {
             --new-passfile or a prompt (asked twice).
             """)
 
-    @Argument(help: "The container directory.")
+    @Argument(help: "The container directory or postgresql:// URI.")
     var container: String
 
     @OptionGroup var secret: SecretOptions
@@ -42,7 +42,7 @@ struct PasswdCommand: ParsableCommand {
 
     func run() throws {
         try reportingFailures {
-            let c = try Container.open(at: container)
+            let c = try ContainerSource.open(container)
             try secret.checkSource()
             for (path, what) in [(newPassfile, "password file"), (addKeyfile, "key file")] {
                 if let path, access(path, R_OK) != 0 { throw SecretReader.fail("cannot read \(what) \(path): \(String(cString: strerror(errno)))") }

@@ -58,7 +58,9 @@ struct ServiceConfig: Equatable {
             guard let v = values[key] else { return nil }
             return try resolve(v.value, against: dir, home: home, where: "\(file):\(v.line)")
         }
-        guard let container = try path("container") else { throw fail("\(file): no \"container\" given") }
+        // A postgresql:// URI is taken as written (the database password stays in libpq's sources).
+        let uri = values["container"].map(\.value).flatMap { ContainerURI.isURI($0) ? $0 : nil }
+        guard let container = try uri ?? path("container") else { throw fail("\(file): no \"container\" given") }
         guard let mountpoint = try path("mountpoint") else { throw fail("\(file): no \"mountpoint\" given") }
         var config = ServiceConfig(container: container, mountpoint: mountpoint, passfile: try path("passfile"),
                                    keyfile: try path("keyfile"), extpass: values["extpass"]?.value,

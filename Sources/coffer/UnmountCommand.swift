@@ -20,7 +20,7 @@ struct UnmountCommand: ParsableCommand {
             guard let entry = MountTable.entry(at: mnt), entry.type.hasPrefix("fuse.coffer") || entry.type == "fuse" else {
                 throw CLIFailure(message: "\(mnt) is not a mounted Coffer container", code: ExitStatus.badMountpoint)
             }
-            let daemon = ContainerLock.holder(root: entry.source)
+            let daemon = entry.source.hasPrefix("/") ? ContainerLock.holder(root: entry.source) : Self.daemon(serving: mnt)
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
             process.arguments = ["-u"] + (lazy ? ["-z"] : []) + [mnt]
@@ -37,6 +37,20 @@ struct UnmountCommand: ParsableCommand {
             if let pid = daemon, !lazy {
                 for _ in 0 ..< 600 where kill(pid, 0) == 0 { usleep(50_000) }
             }
+        }
+    }
+}
+
+extension UnmountCommand {
+    /// A container without a directory to lock (PostgreSQL): the daemon is the `coffer mount`
+    /// process (started with --ready-fd, or -f) whose argv names this mountpoint.
+    static func daemon(serving mnt: String) -> pid_t? {
+        let pids = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { pid_t($0) }
+        return pids.first { pid in
+            guard pid != getpid(), let raw = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return false }
+            let args = raw.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+            return args.count > 3 && args[1] == "mount" && args.contains { Container.absolutePath($0) == mnt }
+                && args.contains { $0 == "--ready-fd" || $0 == "-f" || $0 == "--foreground" }
         }
     }
 }

@@ -268,6 +268,7 @@ enum E2E {
     /// (/proc/locks lines read `1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF`): a holder of a lock on
     /// the directory's inode that has the directory open.
     static func daemonPid(container: String) -> pid_t? {
+        if TestEngine.isURI(container) { return TestEngine.daemonPid(uri: container) }
         guard let st = statOf(container), let table = readText("/proc/locks") else { return nil }
         let path = (container as NSString).standardizingPath
         for line in table.split(separator: "\n") {
@@ -336,11 +337,14 @@ enum E2E {
     }
 }
 
-/// A fresh directory under /tmp for one test: container `c`, mountpoint `m`, password file `pass`.
+/// A fresh directory under /tmp for one test: container `c` (with COFFER_TEST_ENGINE=postgres a URI to
+/// a fresh schema instead: TestEngine), mountpoint `m`, password file `pass`.
 final class Sandbox: @unchecked Sendable {
     let root: String
     let password: String
-    var container: String { root + "/c" }
+    let container: String
+    /// The container is a directory (`c`): tests of files in it need one.
+    var isDirectoryContainer: Bool { !TestEngine.isURI(container) }
     var mnt: String { root + "/m" }
     var passfile: String { root + "/pass" }
     /// Daemons this sandbox saw (holding the container's lock), waited for at cleanup.
@@ -355,6 +359,7 @@ final class Sandbox: @unchecked Sendable {
             throw SandboxError("mkdtemp failed: \(String(cString: strerror(errno)))")
         }
         root = String(cString: p)
+        container = TestEngine.isPostgres ? try TestEngine.freshURI() : root + "/c"
         password = "pw-\(UUID().uuidString.prefix(12))"
         guard mkdir(root + "/m", 0o755) == 0 else { throw SandboxError("mkdir m failed") }
         try E2E.write(root + "/pass", password + "\n")

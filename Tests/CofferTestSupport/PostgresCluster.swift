@@ -96,7 +96,7 @@ public final class PostgresCluster: @unchecked Sendable {
     }
 
     @discardableResult
-    private func runAsPostgres(_ tool: String, _ arguments: [String]) throws -> String {
+    public func runAsPostgres(_ tool: String, _ arguments: [String]) throws -> String {
         if getuid() == 0 { return try Self.run("/usr/sbin/runuser", ["-u", "postgres", "--", bin + "/" + tool] + arguments) }
         return try Self.run(bin + "/" + tool, arguments)
     }

@@ -27,8 +27,24 @@ struct PostgresSQL: Sendable {
         CREATE TABLE \(q).chunkmaps(file bigint NOT NULL, page bigint NOT NULL, value bytea NOT NULL, PRIMARY KEY(file, page));
         ALTER TABLE \(q).chunks ALTER COLUMN value SET STORAGE EXTERNAL;
         ALTER TABLE \(q).chunkmaps ALTER COLUMN value SET STORAGE EXTERNAL;
+        \(createLease);
         """
     }
+
+    // The mount lease (PostgresLease); `expires` is the server's clock, so machines need not agree.
+    var createLease: String {
+        "CREATE TABLE \(q).lease(id integer PRIMARY KEY CHECK (id = 1), holder text NOT NULL, host text NOT NULL, "
+            + "pid integer NOT NULL, machine text NOT NULL, purpose text NOT NULL, expires timestamptz NOT NULL)"
+    }
+    var leaseRow: String { "SELECT holder, host, pid, machine, purpose, expires > now() FROM \(q).lease WHERE id = 1" }
+    var leaseRowForUpdate: String { leaseRow + " FOR UPDATE" }
+    var putLease: String {
+        "INSERT INTO \(q).lease(id, holder, host, pid, machine, purpose, expires) VALUES (1, $1, $2, $3, $4, $5, now() + $6 * interval '1 second') "
+            + "ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, host = EXCLUDED.host, pid = EXCLUDED.pid, "
+            + "machine = EXCLUDED.machine, purpose = EXCLUDED.purpose, expires = EXCLUDED.expires"
+    }
+    var renewLease: String { "UPDATE \(q).lease SET expires = now() + $2 * interval '1 second' WHERE id = 1 AND holder = $1" }
+    var deleteLease: String { "DELETE FROM \(q).lease WHERE id = 1 AND holder = $1" }
 
     // Header
     var header: String { "SELECT value FROM \(q).header WHERE id = 1" }

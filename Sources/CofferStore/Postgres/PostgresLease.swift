@@ -1,0 +1,151 @@
+import Foundation
+import Glibc
+
+/// One mount per PostgreSQL container (issue 16, item 3): a row in the schema's `lease` table names
+/// the mount that holds the container (a random holder id, host name, pid, the machine's id) until
+/// an expiry the server's clock sets. A directory container has its flock for this; a database has
+/// no process to tie a lock to, so the holder renews the row (`renew`, every `renewEvery` seconds)
+/// and a holder that is gone lets it expire. Expired rows are taken over; so is the row of a dead
+/// process of this same machine (its pid is checked), at once.
+public final class PostgresLease: @unchecked Sendable {
+    /// Who holds a container, for messages ("mounted by pid 12 on host").
+    public struct Holder: Sendable, Equatable, CustomStringConvertible {
+        public let holder: String, host: String, pid: Int32, machine: String, purpose: String
+        public var description: String { "pid \(pid) on \(host) (\(purpose))" }
+        /// A holder of this machine whose process has ended: its lease can be taken over at once.
+        public func isGone(machine: String) -> Bool { self.machine == machine && host == hostName() && !isAlive(pid) }
+    }
+
+    public enum Failure: Error, CustomStringConvertible {
+        case held(Holder)
+        case unavailable(String)
+        public var description: String {
+            switch self {
+            case .held(let h): return "the container is already in use (\(h))"
+            case .unavailable(let why): return "cannot take the container's lease: \(why)"
+            }
+        }
+    }
+
+    /// How long a lease lasts without renewal: `COFFER_PG_LEASE_SECONDS` (tests), else 30 s.
+    public static var duration: Int {
+        ProcessInfo.processInfo.environment["COFFER_PG_LEASE_SECONDS"].flatMap(Int.init).map { max(2, $0) } ?? 30
+    }
+    /// Renewal period: a quarter of the duration, so three renewals can fail before the lease lapses.
+    public static var renewEvery: Double { Double(duration) / 4 }
+
+    public let location: PostgresLocation
+    public let me: Holder
+    private let connection: PGConnection
+    private let sql: PostgresSQL
+    private let lock = NSLock()
+    private var released = false
+
+    private init(_ location: PostgresLocation, me: Holder, connection: PGConnection) {
+        self.location = location; self.me = me; self.connection = connection
+        sql = PostgresSQL(schema: location.container)
+    }
+
+    /// Takes the lease for this process (`purpose`: "mount", "fsck"), or throws `.held` naming the
+    /// holder. `machine`: this machine's id (`machineId(stateDirectory:)`).
+    public static func take(_ location: PostgresLocation, purpose: String, machine: String) throws(Failure) -> PostgresLease {
+        let me = Holder(holder: randomHex(16), host: hostName(), pid: getpid(), machine: machine, purpose: purpose)
+        let c: PGConnection
+        do { c = try PGConnection(location.conninfo) } catch { throw .unavailable("\(error)") }
+        let lease = PostgresLease(location, me: me, connection: c)
+        // Containers made before the lease existed get its table (a role that may not create it fails below).
+        try? c.executeScript(lease.sql.createLease.replacingOccurrences(of: "CREATE TABLE", with: "CREATE TABLE IF NOT EXISTS"))
+        do {
+            if let h = try lease.acquire() { c.close(); throw Failure.held(h) }
+        } catch let f as Failure { throw f } catch { c.close(); throw .unavailable("\(error)") }
+        return lease
+    }
+
+    /// The live holder of a container, nil when none (or when it cannot be read).
+    public static func holder(_ location: PostgresLocation) -> Holder? {
+        guard let c = try? PGConnection(location.conninfo) else { return nil }
+        defer { c.close() }
+        let sql = PostgresSQL(schema: location.container)
+        guard let r = try? c.execute(sql.leaseRow), r.rowCount == 1, (try? r.bool(0, 5)) == true else { return nil }
+        return try? holder(r)
+    }
+
+    /// One transaction: the row locked, then inserted, renewed or taken over; the holder that keeps
+    /// it when this process may not.
+    private func acquire() throws -> Holder? {
+        try connection.transaction { c -> Holder? in
+            let r = try c.execute(sql.leaseRowForUpdate)
+            if r.rowCount == 1 {
+                let h = try Self.holder(r)
+                let live = try r.bool(0, 5) ?? false
+                if live && h.holder != me.holder && !h.isGone(machine: me.machine) { return h }
+            }
+            try c.execute(sql.putLease, params())
+            return nil
+        }
+    }
+
+    /// Extends the lease. The row still naming us is renewed whatever its expiry (a server that was
+    /// away longer than the lease lost no holder); a row another mount took throws `.held`.
+    public func renew() throws(Failure) {
+        lock.lock(); defer { lock.unlock() }
+        guard !released else { return }
+        do {
+            if !connection.isAlive { try connection.reconnect(within: 1) }
+            if try connection.execute(sql.renewLease, [.text(me.holder), .int4(Int32(Self.duration))]).affectedRows == 1 { return }
+            if let h = try acquire() { throw Failure.held(h) }
+        } catch let f as Failure { throw f } catch { throw .unavailable("\(error)") }
+    }
+
+    /// Deletes the row (the next mount need not wait for the expiry) and ends the connection.
+    public func release() {
+        lock.lock(); defer { lock.unlock() }
+        guard !released else { return }
+        released = true
+        if !connection.isAlive { try? connection.reconnect(within: 5) }
+        _ = try? connection.execute(sql.deleteLease, [.text(me.holder)])
+        connection.close()
+    }
+
+    deinit { release() }
+
+    private func params() -> [PGValue] {
+        [.text(me.holder), .text(me.host), .int4(me.pid), .text(me.machine), .text(me.purpose), .int4(Int32(Self.duration))]
+    }
+
+    private static func holder(_ r: PGResult) throws -> Holder {
+        Holder(holder: try r.text(0, 0) ?? "", host: try r.text(0, 1) ?? "?", pid: Int32(truncatingIfNeeded: try r.int64(0, 2) ?? 0),
+               machine: try r.text(0, 3) ?? "", purpose: try r.text(0, 4) ?? "mount")
+    }
+
+    /// A process of this machine that still runs (EPERM: it runs under another user). A zombie does
+    /// not: a killed daemon nobody has reaped yet holds nothing.
+    static func isAlive(_ pid: Int32) -> Bool {
+        guard pid > 0, kill(pid, 0) == 0 || errno == EPERM else { return false }
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else { return true }
+        let state = stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first
+        return state != "Z" && state != "X"
+    }
+
+    public static func hostName() -> String {
+        var buf = [CChar](repeating: 0, count: 256)
+        return gethostname(&buf, buf.count) == 0 ? String(cString: buf) : "?"
+    }
+
+    static func randomHex(_ bytes: Int) -> String {
+        var g = SystemRandomNumberGenerator()
+        return (0 ..< bytes).map { _ in String(format: "%02x", UInt8.random(in: 0 ... 255, using: &g)) }.joined()
+    }
+
+    /// This machine's id for leases: a random id kept in the state directory (made on first use),
+    /// so a dead mount of this machine is recognised; the host name when it cannot be kept.
+    public static func machineId(stateDirectory: String) -> String {
+        let path = stateDirectory + "/machine-id"
+        if let text = try? String(contentsOfFile: path, encoding: .utf8), text.count >= 16 {
+            return text.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        let id = randomHex(16)
+        try? FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        return (try? (id + "\n").write(toFile: path, atomically: true, encoding: .utf8)) != nil ? id : hostName()
+    }
+}

@@ -1,0 +1,112 @@
+import CofferStore
+import Foundation
+import Glibc
+import Logging
+
+/// What the user typed as a container: a directory or a `postgresql://` URI (ContainerLocation).
+/// A URI that carries the database password is refused: it would sit in argv (ps, the daemon's command
+/// line, shell history); libpq's own sources (~/.pgpass, PGPASSFILE, a service file, `passfile=`) serve.
+enum ContainerSource {
+    static func location(_ text: String) throws -> ContainerLocation {
+        let location = try ContainerLocation.parse(text)
+        if case .postgres(let p) = location, p.carriesPassword {
+            throw CLIFailure(message: "\(p.display): the URI carries the database password; put it in ~/.pgpass (or PGPASSFILE, a service file, or passfile= in the URI) instead, so it never shows in argv or logs", code: ExitStatus.usage)
+        }
+        return location
+    }
+
+    static func open(_ text: String) throws -> Container { try Container.open(try location(text)) }
+
+    /// What a mount's argv and messages carry: an absolute path, or the URI as given (no password).
+    static func argument(_ text: String) -> String { ContainerURI.isURI(text) ? text : Container.absolutePath(text) }
+}
+
+/// One mount (or fsck) per container: the directory's flock (ContainerLock) or, for a PostgreSQL
+/// container, the lease row (PostgresLease) that the daemon renews while it runs.
+final class ContainerClaim: @unchecked Sendable {
+    private let lock: ContainerLock?
+    let lease: PostgresLease?
+    private var renewer: Thread?
+    private let stopped = NSCondition()
+    private var stopping = false
+
+    private init(lock: ContainerLock?, lease: PostgresLease?) { self.lock = lock; self.lease = lease }
+
+    /// Takes the container for `purpose` ("mount", "fsck"); exit 15 naming the holder when it is taken.
+    static func take(_ c: Container, purpose: String) throws -> ContainerClaim {
+        switch c.location {
+        case .directory:
+            ContainerLock.awaitDaemonWithoutMount(root: c.root)
+            return ContainerClaim(lock: try ContainerLock(root: c.root), lease: nil)
+        case .postgres(let p):
+            do {
+                return ContainerClaim(lock: nil, lease: try PostgresLease.take(p, purpose: purpose, machine: machineId))
+            } catch PostgresLease.Failure.held(let h) { throw alreadyMounted(c, h) } catch {
+                throw CLIFailure(message: "\(p.display): \(error)", code: ExitStatus.failure)
+            }
+        }
+    }
+
+    /// Who holds the container now ("pid N", "pid N on HOST (mount)"), nil when nobody.
+    static func holder(_ c: Container) -> String? {
+        switch c.location {
+        case .directory: return ContainerLock.holder(root: c.root).map { "pid \($0 > 0 ? String($0) : "?")" }
+        case .postgres(let p): return PostgresLease.holder(p).map(\.description)
+        }
+    }
+
+    /// Refuses (exit 15) when the container is held; a directory's finishing daemon is waited for first.
+    static func checkFree(_ c: Container) throws {
+        switch c.location {
+        case .directory:
+            ContainerLock.awaitDaemonWithoutMount(root: c.root)
+            if ContainerLock.holder(root: c.root) != nil { throw ContainerLock.alreadyMounted(root: c.root) }
+        case .postgres(let p):
+            if let h = PostgresLease.holder(p), !h.isGone(machine: machineId) { throw alreadyMounted(c, h) }
+        }
+    }
+
+    static func alreadyMounted(_ c: Container, _ h: PostgresLease.Holder) -> CLIFailure {
+        CLIFailure(message: "the container \(c.root) is already in use: held by \(h) (one mount per container; a holder that is gone lets its lease lapse within \(PostgresLease.duration) s)", code: ExitStatus.alreadyMounted)
+    }
+
+    static var machineId: String { PostgresLease.machineId(stateDirectory: GenerationLedger.defaultDirectory()) }
+
+    /// Renews the lease every `PostgresLease.renewEvery` seconds until `release`. A server that cannot
+    /// be reached is retried (the lease outlives three missed renewals); a lease another mount took
+    /// over (this one was cut off longer than the lease) calls `lost`: the mount must end.
+    func startRenewing(logger: Logger, lost: @escaping @Sendable (String) -> Void) {
+        guard let lease else { return }
+        let t = Thread { [self] in
+            var failing = false
+            while !waitStop(PostgresLease.renewEvery) {
+                do {
+                    try lease.renew()
+                    if failing { logger.notice("the container's lease is renewed again") }
+                    failing = false
+                } catch PostgresLease.Failure.held(let h) {
+                    lost("another mount took the container over (\(h)) while this one could not reach the server")
+                    return
+                } catch {
+                    if !failing { logger.warning("cannot renew the container's lease: \(error)") }
+                    failing = true
+                }
+            }
+        }
+        t.name = "coffer-lease"
+        renewer = t
+        t.start()
+    }
+
+    private func waitStop(_ seconds: Double) -> Bool {
+        stopped.lock(); defer { stopped.unlock() }
+        if !stopping { _ = stopped.wait(until: Date().addingTimeInterval(seconds)) }
+        return stopping
+    }
+
+    /// Ends renewal and gives the container back (the lease row is deleted; the flock closed with us).
+    func release() {
+        stopped.lock(); stopping = true; stopped.broadcast(); stopped.unlock()
+        lease?.release()
+    }
+}

@@ -1,0 +1,272 @@
+import CofferTestSupport
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Containers in PostgreSQL through the real binary (issue 16, items 1, 3, 4 and 6): every command with a
+// URI, mount(8), fstab and --config, the lease (one mount per container), the rollback ledger, the
+// server restarted under a writer, and the database password never in argv or logs. Each test uses a
+// fresh schema of the process's private cluster (TestEngine); a missing PostgreSQL fails them.
+
+/// A sandbox whose container is a fresh PostgreSQL schema, whatever COFFER_TEST_ENGINE says.
+private func pgSandbox(_ label: String) throws -> (Sandbox, String, PostgresCluster) {
+    let sb = try Sandbox(label)
+    let uri = sb.isDirectoryContainer ? try TestEngine.freshURI() : sb.container
+    return (sb, uri, try TestEngine.cluster())
+}
+
+/// `coffer ARGS` with extra environment variables (a second "machine" is another COFFER_STATE_DIR).
+@discardableResult
+private func coffer(_ args: [String], env extra: [String: String], timeout: TimeInterval = 60) -> RunResult {
+    var env = ProcessInfo.processInfo.environment
+    env["COFFER_STATE_DIR"] = E2E.stateDirectory
+    for (k, v) in extra { env[k] = v }
+    return E2E.run(E2E.coffer, args, environment: env, timeout: timeout)
+}
+
+private func schema(_ uri: String) -> String { String(uri.split(separator: "=").last ?? "") }
+
+@Suite("PostgreSQL containers through the CLI", .serialized)
+struct PostgresCLITests {
+    @Test func everyCommandTakesAURI() throws {
+        let (sb, uri, _) = try pgSandbox("pguri")
+        defer { sb.cleanup() }
+        let i = sb.initContainer(container: uri)
+        try #require(i.ok && i.stdout.contains("Created container postgresql:///coffer_test?container="), "\(i)")
+        #expect(!i.stdout.contains("host="), "the display leaves out the other parameters: \(i)")
+        let again = sb.initContainer(container: uri)
+        #expect(again.status == 10 && again.stderr.contains("already exists"), "\(again)")
+        let info = E2E.coffer(["info", uri])
+        #expect(info.ok && info.stdout.contains("PostgreSQL schema \"\(schema(uri))\""), "\(info)")
+        let m = sb.mount(container: uri)
+        try #require(m.ok, "\(m)")
+        try E2E.write(sb.mnt + "/hello.txt", "hello over PostgreSQL\n")
+        #expect(E2E.sh("sync \(sb.mnt)/hello.txt").ok)
+        let entry = try #require(E2E.mountEntry(at: sb.mnt))
+        #expect(entry.source.hasPrefix("postgresql:///coffer_test?container=") && entry.type == "fuse.coffer", "\(entry)")
+        let df = E2E.run("/bin/df", ["-k", sb.mnt])
+        #expect(df.ok && df.stdout.contains("4398046511104"), "statfs of a database container is the fixed capacity: \(df)")
+        let mountedInfo = E2E.coffer(["info", uri, "--passfile", sb.passfile])
+        #expect(mountedInfo.ok && mountedInfo.stdout.contains("Mounted:        by daemon pid"), "\(mountedInfo)")
+        let fsckMounted = E2E.coffer(["fsck", uri, "--passfile", sb.passfile])
+        #expect(fsckMounted.status == 8 && fsckMounted.stderr.contains("container is mounted (pid"), "\(fsckMounted)")
+        #expect(sb.unmount().ok)
+        let fsck = E2E.coffer(["fsck", uri, "--passfile", sb.passfile])
+        #expect(fsck.ok && fsck.stdout.contains("0 problem(s)"), "\(fsck)")
+        let newPass = sb.root + "/pass2"
+        try E2E.write(newPass, "second-password\n")
+        let p = E2E.coffer(["passwd", uri, "--passfile", sb.passfile, "--new-passfile", newPass] + Sandbox.kdfArgs)
+        #expect(p.ok && p.stdout.contains("Password changed"), "\(p)")
+        #expect(E2E.coffer(["info", uri, "--passfile", sb.passfile]).status == 12, "the old password no longer opens it")
+        let counted = E2E.coffer(["info", uri, "--passfile", newPass])
+        #expect(counted.ok && counted.stdout.contains("2 inodes"), "\(counted)")
+        try #require(sb.mount(container: uri, passfile: newPass).ok)
+        #expect(E2E.readText(sb.mnt + "/hello.txt") == "hello over PostgreSQL\n")
+        #expect(sb.unmount().ok)
+    }
+
+    @Test func mount8FstabAndConfig() throws {
+        let (sb, uri, _) = try pgSandbox("pgmount8")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer(container: uri).ok)
+        // mount.fuse3 hands a source with "://", "?" and "&" on as one argument.
+        let m8 = try sb.mountWithMount8(source: uri)
+        try #require(m8.ok && E2E.isMounted(sb.mnt), "\(m8)")
+        try E2E.write(sb.mnt + "/via-mount8", "1")
+        #expect(sb.unmount().ok)
+        let fstab = sb.root + "/fstab"
+        try E2E.write(fstab, "\(uri)  \(sb.mnt)  fuse.\(try sb.dotFreeCoffer())  noauto,passfile=\(sb.passfile)  0 0\n")
+        let f = E2E.run("/bin/mount", ["--fstab", fstab, sb.mnt])
+        sb.noteDaemon(container: uri)
+        try #require(f.ok && E2E.isMounted(sb.mnt), "\(f)")
+        #expect(E2E.readText(sb.mnt + "/via-mount8") == "1")
+        #expect(sb.unmount().ok)
+        let conf = sb.root + "/vault.conf"
+        try E2E.write(conf, "container = \(uri)\nmountpoint = m\npassfile = pass\noptions = reconnect_wait=10\n")
+        let c = E2E.coffer(["mount", "--config", conf])
+        sb.noteDaemon(container: uri)
+        try #require(c.ok && E2E.isMounted(sb.mnt), "\(c)")
+        #expect(E2E.readText(sb.mnt + "/via-mount8") == "1")
+        #expect(sb.unmount().ok)
+        let bad = E2E.coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile, "-o", "reconnect_wait=x"])
+        #expect(bad.status == 64 && bad.stderr.contains("reconnect_wait"), "\(bad)")
+    }
+
+    /// One mount per container: another machine (state directory) is refused naming the holder while
+    /// the lease lives; a killed holder's lease is taken over by this machine at once (its pid is
+    /// gone) and by another machine once it has lapsed.
+    @Test func leaseRefusesASecondMountAndIsTakenOverAfterAKill() throws {
+        let (sb, uri, _) = try pgSandbox("pglease")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer(container: uri).ok)
+        let leaseEnv = ["COFFER_PG_LEASE_SECONDS": "4"]
+        let other = sb.root + "/machine2"
+        let m2 = sb.root + "/m2"
+        try #require(mkdir(m2, 0o755) == 0)
+        let first = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv)
+        sb.noteDaemon(container: uri)
+        try #require(first.ok, "\(first)")
+        let pid = try #require(TestEngine.daemonPid(uri: uri))
+        // Renewed: still held after more than one lease duration.
+        usleep(6_000_000)
+        let refused = coffer(["mount", uri, m2, "--passfile", sb.passfile], env: leaseEnv.merging(["COFFER_STATE_DIR": other]) { $1 })
+        #expect(refused.status == 15 && refused.stderr.contains("held by pid \(pid) on"), "\(refused)")
+        #expect(!E2E.isMounted(m2))
+        kill(pid, SIGKILL)
+        #expect(E2E.wait(10) { !E2E.isAlive(pid) })
+        E2E.run("/bin/fusermount3", ["-uz", sb.mnt])
+        let start = Date()
+        let soon = coffer(["mount", uri, m2, "--passfile", sb.passfile], env: leaseEnv.merging(["COFFER_STATE_DIR": other]) { $1 })
+        #expect(soon.status == 15, "another machine cannot know the holder is gone before the lease lapses: \(soon)")
+        var taken = false
+        while !taken, Date().timeIntervalSince(start) < 15 {
+            usleep(500_000)
+            taken = coffer(["mount", uri, m2, "--passfile", sb.passfile], env: leaseEnv.merging(["COFFER_STATE_DIR": other]) { $1 }).ok
+        }
+        sb.noteDaemon(container: uri)
+        #expect(taken && E2E.isMounted(m2), "the lapsed lease is taken over")
+        let elapsed = Date().timeIntervalSince(start)
+        #expect(elapsed < 10, "taken over \(elapsed) s after the kill (lease 4 s)")
+        let pid2 = try #require(TestEngine.daemonPid(uri: uri))
+        kill(pid2, SIGKILL)
+        #expect(E2E.wait(10) { !E2E.isAlive(pid2) })
+        E2E.run("/bin/fusermount3", ["-uz", m2])
+        // The same machine sees its holder's pid is gone: no wait.
+        let here = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv.merging(["COFFER_STATE_DIR": other]) { $1 })
+        sb.noteDaemon(container: uri)
+        #expect(here.ok, "\(here)")
+        let fsck = coffer(["fsck", uri, "--passfile", sb.passfile], env: ["COFFER_STATE_DIR": other])
+        #expect(fsck.status == 8 && fsck.stderr.contains("mounted"), "fsck respects the lease: \(fsck)")
+        #expect(sb.unmount().ok)
+        #expect(coffer(["fsck", uri, "--passfile", sb.passfile], env: ["COFFER_STATE_DIR": other]).ok, "the lease is released at unmount")
+    }
+
+    /// The ledger keys by container id: a schema put back from an older dump is refused (18).
+    @Test func olderSchemaIsARollback() throws {
+        let (sb, uri, cluster) = try pgSandbox("pgrollback")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer(container: uri).ok)
+        try #require(sb.mount(container: uri).ok)
+        try E2E.write(sb.mnt + "/a", "old")
+        #expect(sb.unmount().ok)
+        let dump = cluster.root + "/\(schema(uri)).sql"
+        let pg = ["-h", cluster.socketDirectory, "-p", String(cluster.port), "-U", "postgres"]
+        try cluster.runAsPostgres("pg_dump", pg + ["-n", schema(uri), "-f", dump, cluster.database])
+        try #require(sb.mount(container: uri).ok)
+        try E2E.write(sb.mnt + "/a", "new")
+        #expect(sb.unmount().ok)
+        try cluster.psql("DROP SCHEMA \"\(schema(uri))\" CASCADE")
+        try cluster.runAsPostgres("psql", pg + ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", cluster.database, "-f", dump])
+        let refused = sb.mount(container: uri)
+        #expect(refused.status == 18 && refused.stderr.contains("older than the one this machine last saw"), "\(refused)")
+        #expect(!E2E.isMounted(sb.mnt))
+        let allowed = sb.mount(container: uri, options: "allow_rollback")
+        try #require(allowed.ok, "\(allowed)")
+        #expect(E2E.readText(sb.mnt + "/a") == "old")
+        #expect(sb.unmount().ok)
+    }
+
+    /// The server restarted (-m fast, then -m immediate) under a writer that fsyncs: the mount survives,
+    /// every fsynced file reads back, and fsck is clean. With a short reconnect_wait and the server
+    /// down longer, an fsync fails with EIO and the mount still answers once the server is back.
+    @Test func serverRestartsUnderAWriter() throws {
+        let (sb, uri, cluster) = try pgSandbox("pgrestart")
+        defer { sb.cleanup(); if !cluster.isRunning { try? cluster.start() } }
+        try #require(sb.initContainer(container: uri).ok)
+        try #require(sb.mount(container: uri, options: "reconnect_wait=60").ok)
+        let log = sb.root + "/synced", stop = sb.root + "/stop"
+        let writer = try Child(E2E.python ?? "/usr/bin/python3", ["-c", """
+            import os, sys
+            d, log, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+            i = errors = 0
+            while not os.path.exists(stop):
+                name = 'f%05d' % i
+                try:
+                    with open(os.path.join(d, name), 'wb') as f:
+                        f.write((name * 1000).encode()); f.flush(); os.fsync(f.fileno())
+                    with open(log, 'a') as l:
+                        l.write(name + '\\n'); l.flush(); os.fsync(l.fileno())
+                except OSError as e:
+                    errors += 1
+                    print('error', name, e, flush=True)
+                i += 1
+            print('done', i, errors)
+            """, sb.mnt, log, stop])
+        usleep(1_500_000)
+        try cluster.restart(mode: "fast")
+        usleep(1_500_000)
+        try cluster.restart(mode: "immediate")
+        usleep(1_500_000)
+        try E2E.write(stop, "")
+        #expect(writer.waitForExit(120) == 0, "writer: \(writer.stderr)")
+        let synced = (E2E.readText(log) ?? "").split(separator: "\n").map(String.init)
+        #expect(synced.count > 10, "the writer made progress across the restarts: \(synced.count) files")
+        #expect(E2E.isMounted(sb.mnt), "the mount survived")
+        let missing = synced.filter { E2E.readText(sb.mnt + "/" + $0) != String(repeating: $0, count: 1000) }
+        #expect(missing.isEmpty, "fsynced files lost or changed: \(missing.prefix(10))")
+        #expect(sb.unmount().ok)
+        let fsck = E2E.coffer(["fsck", uri, "--passfile", sb.passfile], timeout: 120)
+        #expect(fsck.ok, "\(fsck)")
+        try #require(sb.mount(container: uri, options: "reconnect_wait=2").ok)
+        let lostAfter = synced.filter { E2E.readText(sb.mnt + "/" + $0) != String(repeating: $0, count: 1000) }
+        #expect(lostAfter.isEmpty, "after a remount: \(lostAfter.prefix(10))")
+        try cluster.stop(mode: "immediate")
+        let started = Date()
+        let down = E2E.py("""
+            import os, sys
+            try:
+                with open(sys.argv[1], 'wb') as f:
+                    f.write(b'x' * 5000); f.flush(); os.fsync(f.fileno())
+                print('ok')
+            except OSError as e:
+                print('errno', e.errno)
+            """, [sb.mnt + "/while-down"], timeout: 60)
+        let waited = Date().timeIntervalSince(started)
+        #expect(down.stdout.contains("errno \(EIO)"), "an fsync while the server stays away gets EIO: \(down)")
+        #expect(waited < 30, "the bound (2 s) was kept: \(waited) s")
+        try cluster.start()
+        #expect(E2E.isMounted(sb.mnt))
+        try E2E.write(sb.mnt + "/after", "back")
+        #expect(E2E.sh("sync \(sb.mnt)/after").ok)
+        #expect(E2E.readText(sb.mnt + "/after") == "back")
+        #expect(sb.unmount().ok)
+        let fsck2 = E2E.coffer(["fsck", uri, "--passfile", sb.passfile], timeout: 120)
+        #expect(fsck2.ok, "\(fsck2)")
+    }
+
+    /// The database password comes from a passfile (libpq's `passfile=`): it is in no process's argv,
+    /// in no output of the daemon at debug level; a URI carrying it is refused without echoing it.
+    @Test func databasePasswordNeverInArgvOrLogs() throws {
+        let (sb, _, cluster) = try pgSandbox("pgsecret")
+        defer { sb.cleanup() }
+        let secret = "dbpw-\(UUID().uuidString.prefix(10))"
+        let role = "r_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
+        try cluster.psql("CREATE ROLE \(role) LOGIN PASSWORD '\(secret)'; GRANT CONNECT, CREATE ON DATABASE \(cluster.database) TO \(role)")
+        let pgpass = sb.root + "/pgpass"
+        try E2E.write(pgpass, "127.0.0.1:\(cluster.port):\(cluster.database):\(role):\(secret)\n")
+        chmod(pgpass, 0o600)
+        let base = "postgresql://\(role)@127.0.0.1:\(cluster.port)/\(cluster.database)"
+        let uri = base + "?passfile=\(pgpass)&container=s_\(role)"
+        let i = sb.initContainer(container: uri)
+        try #require(i.ok, "\(i)")
+        let withPassword = E2E.coffer(["info", "postgresql://\(role):\(secret)@127.0.0.1:\(cluster.port)/\(cluster.database)?container=s_\(role)"])
+        #expect(withPassword.status == 64 && withPassword.stderr.contains("~/.pgpass"), "\(withPassword)")
+        #expect(!withPassword.stderr.contains(secret) && !withPassword.stdout.contains(secret))
+        let noPass = E2E.coffer(["info", base + "?container=s_\(role)&passfile=/nonexistent"])
+        #expect(noPass.status == 10 && !noPass.stderr.contains(secret), "\(noPass)")
+        let daemon = try Child(E2E.coffer, ["mount", "-f", "--log-level", "debug", uri, sb.mnt, "--passfile", sb.passfile])
+        defer { daemon.stop() }
+        try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
+        try E2E.write(sb.mnt + "/f", "x")
+        #expect(E2E.sh("sync \(sb.mnt)/f").ok)
+        let pids = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { pid_t($0) }
+        let leaking = pids.filter { E2E.cmdline($0).joined(separator: " ").contains(secret) }
+        #expect(leaking.isEmpty, "processes with the password in argv: \(leaking)")
+        #expect(sb.unmount().ok)
+        #expect(daemon.waitForExit(30) == 0)
+        #expect(!daemon.stderr.contains(secret), "the daemon's log: \(daemon.stderr.prefix(500))")
+        #expect(daemon.stderr.contains("mounted"), "\(daemon.stderr.prefix(500))")
+    }
+}
