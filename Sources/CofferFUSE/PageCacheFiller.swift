@@ -51,9 +51,9 @@ final class PageCacheFiller: @unchecked Sendable {
         guard start % UInt64(page) == 0 else { return }
         var ranges: [Range<Int>] = []
         let head = asked.lowerBound / page * page
-        if head > 0 { ranges.append(0 ..< head) }
+        if head > 0 { ranges.append(0..<head) }
         let tail = (asked.upperBound + page - 1) / page * page
-        if tail < bytes.count { ranges.append(tail ..< bytes.count) }
+        if tail < bytes.count { ranges.append(tail..<bytes.count) }
         guard !ranges.isEmpty else { return }
         let size = ranges.reduce(0) { $0 + $1.count }
         condition.lock()
@@ -82,7 +82,10 @@ final class PageCacheFiller: @unchecked Sendable {
         while true {
             condition.lock()
             while jobs.isEmpty && !stopping { condition.wait() }
-            if stopping { condition.unlock(); break }
+            if stopping {
+                condition.unlock()
+                break
+            }
             let job = jobs.removeFirst()
             let se = session
             condition.unlock()
