@@ -48,19 +48,36 @@ extension CofferFileSystem {
     // MARK: Reading
 
     public func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8] {
+        try read(ino, handle: handle, offset: offset, size: size, wholeChunks: false).bytes
+    }
+
+    /// The whole chunks the asked bytes lie in, up to the end of the file: opening a chunk decrypts all of it
+    /// anyway. Only the asked bytes when the range reaches the file's plaintext tail (`TailChunk`, not sealed yet).
+    public func readChunks(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> ChunkRead {
+        try read(ino, handle: handle, offset: offset, size: size, wholeChunks: true)
+    }
+
+    func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int, wholeChunks: Bool) throws(FSError) -> ChunkRead {
         let s = try meta.withLock { () throws(FSError) -> InodeState in
             guard handle == .none else { throw .badHandle }
             return try state(ino)
         }
-        return try s.content.withReadLock { () throws(FSError) -> [UInt8] in
-            let (content, count) = try meta.withLock { () throws(FSError) -> (FileContent?, Int) in
-                guard offset < s.record.size, size > 0 else { return (nil, 0) }
-                let count = Int(min(UInt64(size), s.record.size - offset))
-                if let tail = s.tail, (offset + UInt64(count) - 1) / UInt64(chunkSize) >= tail.index { try flushTail(s) }
-                return (try fileContent(s, offset: offset, count: count), count)
+        return try s.content.withReadLock { () throws(FSError) -> ChunkRead in
+            let (content, start, count) = try meta.withLock { () throws(FSError) -> (FileContent?, UInt64, Int) in
+                guard offset < s.record.size, size > 0 else { return (nil, offset, 0) }
+                let cs = UInt64(chunkSize)
+                var start = offset, end = offset + min(UInt64(size), s.record.size - offset)
+                if let tail = s.tail, (end - 1) / cs >= tail.index {
+                    try flushTail(s)
+                } else if wholeChunks {
+                    start = offset / cs * cs
+                    end = min(s.record.size, (end - 1) / cs * cs + cs)
+                }
+                let count = Int(end - start)
+                return (try fileContent(s, offset: start, count: count), start, count)
             }
-            guard let content else { return [] }
-            do throws(FSError) { return try readRange(content, offset: offset, count: count) } catch {
+            guard let content else { return ChunkRead(start: offset, bytes: []) }
+            do throws(FSError) { return ChunkRead(start: start, bytes: try readRange(content, offset: start, count: count)) } catch {
                 if error == .io { meta.withLock { logDamagedPath(ino) } }
                 throw error
             }

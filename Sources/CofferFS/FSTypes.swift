@@ -150,6 +150,13 @@ extension HandleID {
     public static let none: HandleID = 0
 }
 
+/// Bytes of a file starting at `start`: what `readChunks` returns (at or before the offset asked for).
+public struct ChunkRead: Sendable {
+    public var start: UInt64
+    public var bytes: [UInt8]
+    public init(start: UInt64, bytes: [UInt8]) { self.start = start; self.bytes = bytes }
+}
+
 /// What opening a file tells the kernel about its page cache.
 public struct OpenResult: Sendable {
     public var handle: HandleID

@@ -40,6 +40,9 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult)
     /// Reads up to `size` bytes; fewer only at end of file.
     func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8]
+    /// Like `read`, but may return more around the asked bytes (`start` at or before `offset`): what the
+    /// filesystem decrypted anyway, for the adapter to hand to the kernel's page cache.
+    func readChunks(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> ChunkRead
     /// Returns the number of bytes written (all of them unless an error is thrown).
     func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int
     func release(_ ino: InodeNumber, handle: HandleID)
@@ -75,4 +78,7 @@ public protocol FileSystemOperations: AnyObject, Sendable {
 extension FileSystemOperations {
     public var opensWithoutHandles: Bool { false }
     public func writebackCacheGranted(_ granted: Bool) {}
+    public func readChunks(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> ChunkRead {
+        ChunkRead(start: offset, bytes: try read(ino, handle: handle, offset: offset, size: size))
+    }
 }

@@ -20,6 +20,8 @@ final class FUSEContext: @unchecked Sendable {
     let killPriv: KillPrivHook
     /// How the workers take requests from /dev/fuse (spin briefly, one reader at a time).
     let reader = RequestReader()
+    /// Hands the rest of each decrypted chunk to the kernel's page cache; read-only mounts only (PageCacheFiller).
+    let pageFiller: PageCacheFiller?
     private let shutdownDone = Atomic<Bool>(false)
 
     init(fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,
@@ -31,6 +33,7 @@ final class FUSEContext: @unchecked Sendable {
         self.writebackRequested = writebackRequested
         self.connOptions = connOptions
         self.killPriv = KillPrivHook(enabled: killPrivV2)
+        self.pageFiller = fs.isReadOnly ? PageCacheFiller() : nil
     }
 
     /// Calls `fs.shutdown()` exactly once, whoever asks first (libfuse's destroy or the end of `run`).

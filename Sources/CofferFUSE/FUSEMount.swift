@@ -163,7 +163,14 @@ public final class FUSEMount: @unchecked Sendable {
             }
             state.withLock { $0.phase = .finished; $0.session = nil }
             if mounted { fuse_session_unmount(se) }
-            fuse_session_destroy(se)  // calls the destroy op (shutdown) if init happened
+            // A store blocked on a page a READ holds (no worker answers it now) ends when the connection does;
+            // if it has not, the session must outlive it (the process is about to exit).
+            if ctx.pageFiller?.stop() == false {
+                logger.error("FUSE: a page-cache store did not end; the session is left to the exit")
+                ctx.shutdownOnce()
+            } else {
+                fuse_session_destroy(se)  // calls the destroy op (shutdown) if init happened
+            }
             if mounted { logger.info("Unmounted \(mountpoint)") }
         }
 
@@ -211,6 +218,7 @@ public final class FUSEMount: @unchecked Sendable {
             "type": "fuse.\(options.subtype)", "readOnly": "\(options.readOnly || filesystem.isReadOnly)",
         ])
 
+        ctx.pageFiller?.start(session: se)
         startWatcher(deviceBefore: deviceBefore, context: ctx, onReady: onReady)
 
         let result: Int32

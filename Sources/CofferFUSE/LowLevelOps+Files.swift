@@ -62,10 +62,21 @@ extension LowLevelOps {
         serve(req) { ctx throws(FSError) in
             let fi = try given(fi, else: .badHandle)
             guard off >= 0, size >= 0 else { throw .invalid }
-            let data = try ctx.fs.read(ino, handle: fi.pointee.fh, offset: UInt64(off), size: size)
-            data.withUnsafeBytes { raw in
-                _ = fuse_reply_buf(req, raw.baseAddress?.assumingMemoryBound(to: CChar.self), min(raw.count, size))
+            guard let filler = ctx.pageFiller else {
+                let data = try ctx.fs.read(ino, handle: fi.pointee.fh, offset: UInt64(off), size: size)
+                data.withUnsafeBytes { raw in
+                    _ = fuse_reply_buf(req, raw.baseAddress?.assumingMemoryBound(to: CChar.self), min(raw.count, size))
+                }
+                return
             }
+            // The asked part goes in the reply, the rest of its chunks to the page cache (after the reply: the
+            // kernel holds the asked pages locked until it has it).
+            let r = try ctx.fs.readChunks(ino, handle: fi.pointee.fh, offset: UInt64(off), size: size)
+            let from = Int(UInt64(off) - r.start), n = max(0, min(size, r.bytes.count - from))
+            r.bytes.withUnsafeBytes { raw in
+                _ = fuse_reply_buf(req, raw.baseAddress.map { $0.advanced(by: from).assumingMemoryBound(to: CChar.self) }, n)
+            }
+            filler.offer(ino: ino, start: r.start, bytes: r.bytes, asked: from ..< from + n)
         }
     }
 
