@@ -27,7 +27,7 @@ public final class PostgresCluster: @unchecked Sendable {
         root = String(cString: dir)
         port = Self.freePort()
         do {
-            if getuid() == 0 { try Self.run("/bin/chown", ["postgres:postgres", root]) }
+            if getuid() == 0 { _ = try Self.run("/bin/chown", ["postgres:postgres", root]) }
             try runAsPostgres("initdb", ["-D", dataDirectory, "-U", "postgres", "--auth-local=trust",
                                          "--auth-host=scram-sha-256", "--no-sync", "-E", "UTF8", "--locale=C"])
             let conf = (["port = \(port)", "unix_socket_directories = '\(socketDirectory)'",

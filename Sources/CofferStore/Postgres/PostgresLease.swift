@@ -129,7 +129,8 @@ public final class PostgresLease: @unchecked Sendable {
 
     public static func hostName() -> String {
         var buf = [CChar](repeating: 0, count: 256)
-        return gethostname(&buf, buf.count) == 0 ? String(cString: buf) : "?"
+        guard gethostname(&buf, 255) == 0 else { return "?" }
+        return String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     static func randomHex(_ bytes: Int) -> String {
