@@ -35,14 +35,23 @@ final class ContainerLock {
     }
 
     /// Whether a daemon holds the lock: its pid, 0 when the kernel's lock table cannot say, nil when none.
+    /// Read from /proc/locks without locking: a probe that took the lock for a moment, even shared, made
+    /// a mount starting at that moment fail as "already mounted" (its LOCK_EX|LOCK_NB met the probe).
     static func holder(root: String) -> pid_t? {
+        var st = stat()
+        guard stat(root, &st) == 0 else { return nil }
+        if let pid = flockHolder(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)) { return pid }
+        if legacyFileIsLocked(root: root) { return 0 }
+        // No /proc/locks to read (a restricted /proc): the probe is all there is.
+        guard access("/proc/locks", R_OK) != 0 else { return nil }
         let fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        guard flock(fd, LOCK_SH | LOCK_NB) != 0 else { flock(fd, LOCK_UN); return legacyFileIsLocked(root: root) ? 0 : nil }
-        var st = stat()
-        guard fstat(fd, &st) == 0 else { return 0 }
-        return flockHolder(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)) ?? 0
+        guard flock(fd, LOCK_SH | LOCK_NB) != 0 else {
+            flock(fd, LOCK_UN)
+            return nil
+        }
+        return 0
     }
 
     /// A daemon of an earlier version holds its flock on `coffer.lock`.
@@ -60,7 +69,7 @@ final class ContainerLock {
     /// lock held by a daemon whose mount is gone: it waits for it, up to `seconds`, saying so.
     static func awaitDaemonWithoutMount(root: String, seconds: Double = 60) {
         func finishing() -> pid_t? {
-            guard let pid = holder(root: root), MountTable.entries(source: root).isEmpty, !isFsck(pid) else { return nil }
+            guard let pid = holder(root: root), MountTable.entries(source: root).isEmpty, isMountDaemon(pid) else { return nil }
             return pid
         }
         guard let pid = finishing() else { return }
@@ -69,10 +78,13 @@ final class ContainerLock {
         while finishing() != nil, Date() < deadline { usleep(50_000) }
     }
 
-    /// `coffer fsck` holds the lock without a mount, and not for a moment: nothing to wait for.
-    private static func isFsck(_ pid: pid_t) -> Bool {
-        guard pid > 0, let argv = try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8) else { return false }
-        return argv.split(separator: "\0").dropFirst().first == "fsck"
+    /// Only a mount daemon (`coffer mount …` in its argv) finishes by itself; `coffer fsck` or `coffer
+    /// copy` hold the lock without a mount, and not for a moment: nothing to wait for. An unknown holder
+    /// (pid 0) is waited for, as before.
+    private static func isMountDaemon(_ pid: pid_t) -> Bool {
+        guard pid > 0 else { return true }
+        guard let argv = try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8) else { return false }
+        return argv.split(separator: "\0").dropFirst().first == "mount"
     }
 
     /// The process holding an flock on the file (device, inode), from /proc/locks, whose lines read
