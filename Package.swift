@@ -7,12 +7,12 @@ let package = Package(
     name: "Coffer",
     platforms: [.macOS(.v14)],
     products: [
-        .executable(name: "coffer", targets: ["coffer"]),
+        .executable(name: "coffer", targets: ["coffer"])
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
-        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0")
     ],
     targets: [
         // System libraries: thin module maps over Debian's -dev packages.
@@ -27,48 +27,59 @@ let package = Package(
         // Layer 5: crypto primitives and locked key memory.
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
         // Layer 4: container header, key slots, transformers, the sealed entity store.
-        .target(name: "CofferStore", dependencies: [
-            "CofferCrypto", "CMappedFault", "CPostgres",
-            .product(name: "GRDB", package: "GRDB.swift"),
-            .product(name: "GRDBSQLite", package: "GRDB.swift"),
-            .product(name: "Logging", package: "swift-log"),
-        ]),
+        .target(
+            name: "CofferStore",
+            dependencies: [
+                "CofferCrypto", "CMappedFault", "CPostgres",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log")
+            ]),
         // Layer 3: POSIX filesystem semantics over the store, testable without FUSE.
-        .target(name: "CofferFS", dependencies: [
-            "CofferStore",
-            .product(name: "Logging", package: "swift-log"),
-        ]),
+        .target(
+            name: "CofferFS",
+            dependencies: [
+                "CofferStore",
+                .product(name: "Logging", package: "swift-log")
+            ]),
         // Beside CofferFS: `coffer fsck`'s checker and repairer, over the store alone.
         .target(name: "CofferCheck", dependencies: ["CofferStore", "CofferCrypto"]),
         // Layer 2: libfuse3 low-level adapter.
-        .target(name: "CofferFUSE", dependencies: [
-            "CofferFS", "CFuse3",
-            .product(name: "Logging", package: "swift-log"),
-        ]),
+        .target(
+            name: "CofferFUSE",
+            dependencies: [
+                "CofferFS", "CFuse3",
+                .product(name: "Logging", package: "swift-log")
+            ]),
         // Layer 1: the `coffer` command.
-        .executableTarget(name: "coffer", dependencies: [
-            "CofferFUSE", "CofferFS", "CofferStore", "CofferCrypto", "CofferCheck",
-            .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            .product(name: "Logging", package: "swift-log"),
-        ]),
+        .executableTarget(
+            name: "coffer",
+            dependencies: [
+                "CofferFUSE", "CofferFS", "CofferStore", "CofferCrypto", "CofferCheck",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log")
+            ]),
 
         // Helpers the test targets share (expectations, seeded generator); only tests depend on it.
         .target(name: "CofferTestSupport", path: "Tests/CofferTestSupport"),
         // Raw row access for tamper and replay tests, through the engine seam.
-        .target(name: "CofferStoreTestSupport", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport"], path: "Tests/CofferStoreTestSupport"),
+        .target(
+            name: "CofferStoreTestSupport", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport"], path: "Tests/CofferStoreTestSupport"),
         .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
         .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
         .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
-        .testTarget(name: "CofferCheckTests", dependencies: [
-            "CofferCheck", "CofferTestSupport", "CofferStoreTestSupport", "CofferFS", "CofferStore", "CofferCrypto",
-            .product(name: "GRDB", package: "GRDB.swift"),
-            .product(name: "Logging", package: "swift-log"),
-        ]),
+        .testTarget(
+            name: "CofferCheckTests",
+            dependencies: [
+                "CofferCheck", "CofferTestSupport", "CofferStoreTestSupport", "CofferFS", "CofferStore", "CofferCrypto",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log")
+            ]),
         // The PostgreSQL client plumbing against a private cluster the tests start (needs postgresql).
         .testTarget(name: "CofferPostgresTests", dependencies: ["CofferStore", "CofferTestSupport"]),
         .testTarget(name: "CofferFUSETests", dependencies: ["CofferFUSE", "CofferFS"]),
         // Drives the built `coffer` binary: CLI and real FUSE mounts.
-        .testTarget(name: "CofferCLITests", dependencies: ["coffer", "CofferTestSupport"]),
+        .testTarget(name: "CofferCLITests", dependencies: ["coffer", "CofferTestSupport"])
     ],
     swiftLanguageModes: [.v6]
 )

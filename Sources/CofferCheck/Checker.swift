@@ -23,7 +23,9 @@ public final class Checker {
     static let chunkWeight = 4
 
     public init(store: EntityStore, chunkSize: Int, progress: ((_ done: Int, _ total: Int) -> Void)? = nil) {
-        self.store = store; self.chunkSize = chunkSize; self.progress = progress
+        self.store = store
+        self.chunkSize = chunkSize
+        self.progress = progress
     }
 
     func tick(_ n: Int = 1) {
@@ -84,8 +86,10 @@ public final class Checker {
             }
             guard constantTimeEqual(store.nameTag(parent, record.name), row.tag) else {
                 plan.deleteEntries.append((row.parentTag, row.tag))
-                problems.append(Problem(.entryNameMismatch, inode: parent, "an entry of directory \(parent) does not carry the tag of its sealed name",
-                                        repair: "drop the entry"))
+                problems.append(
+                    Problem(
+                        .entryNameMismatch, inode: parent, "an entry of directory \(parent) does not carry the tag of its sealed name",
+                        repair: "drop the entry"))
                 continue
             }
             let isDirectory = parent == EntityStore.rootInode || records[parent].map(Self.isDirectory) == true
@@ -100,16 +104,20 @@ public final class Checker {
         }
         for (parent, g) in strayGroups.sorted(by: { ($0.key ?? 0) < ($1.key ?? 0) }) {
             let why = parent == nil ? "their parent tag belongs to no inode" : g.why
-            problems.append(Problem(.strayEntry, inode: parent, "\(g.count) entr\(g.count == 1 ? "y" : "ies") without a directory: \(why)",
-                                    repair: "drop the entries; what they named goes to /lost+found"))
+            problems.append(
+                Problem(
+                    .strayEntry, inode: parent, "\(g.count) entr\(g.count == 1 ? "y" : "ies") without a directory: \(why)",
+                    repair: "drop the entries; what they named goes to /lost+found"))
         }
 
         // The root.
         var root = records[EntityStore.rootInode]
         if root.map(Self.isDirectory) != true {
             let why = damaged.contains(EntityStore.rootInode) ? "fails authentication" : root == nil ? "is missing" : "is not a directory"
-            problems.append(Problem(.rootDamaged, path: "/", inode: EntityStore.rootInode, "the root directory's inode \(why)",
-                                    repair: "put a fresh root directory (mode 0755, owner root) in its place; its entries come back with it"))
+            problems.append(
+                Problem(
+                    .rootDamaged, path: "/", inode: EntityStore.rootInode, "the root directory's inode \(why)",
+                    repair: "put a fresh root directory (mode 0755, owner root) in its place; its entries come back with it"))
             plan.recreateRoot = true
             damaged.remove(EntityStore.rootInode)
             let fresh = Self.freshDirectory(mode: 0o040755)
@@ -137,19 +145,25 @@ public final class Checker {
             let hint = nameHints[ino]
             let kind = Self.isDirectory(r) ? "directory" : "file"
             let known = hint.map { ", last known as \"\(String(decoding: $0, as: UTF8.self))\"" } ?? ""
-            problems.append(Problem(.unreachable, path: walk.paths[ino], inode: ino, "a \(kind) no entry reaches from the root\(known)",
-                                    repair: "link it into /lost+found"))
+            problems.append(
+                Problem(
+                    .unreachable, path: walk.paths[ino], inode: ino, "a \(kind) no entry reaches from the root\(known)",
+                    repair: "link it into /lost+found"))
             plan.lostFoundLinks.append(LostFoundLink(ino: ino, nameHint: hint, isDirectory: Self.isDirectory(r)))
         }
         for (parent, n) in damagedEntries.sorted(by: { $0.key < $1.key }) {
-            problems.append(Problem(.entryDamaged, path: walk.paths[parent] ?? (parent == EntityStore.rootInode ? "/" : nil), inode: parent,
-                                    "\(n) entr\(n == 1 ? "y" : "ies") of this directory fail\(n == 1 ? "s" : "") authentication (name unknown)",
-                                    repair: "drop the entries; what they named goes to /lost+found"))
+            problems.append(
+                Problem(
+                    .entryDamaged, path: walk.paths[parent] ?? (parent == EntityStore.rootInode ? "/" : nil), inode: parent,
+                    "\(n) entr\(n == 1 ? "y" : "ies") of this directory fail\(n == 1 ? "s" : "") authentication (name unknown)",
+                    repair: "drop the entries; what they named goes to /lost+found"))
         }
         for id in damaged.sorted() {
             let at = walk.damagedPaths[id]
-            problems.append(Problem(.inodeDamaged, path: at, inode: id, "the inode fails authentication and cannot be recovered",
-                                    repair: "drop the inode row, its xattrs and the entries naming it"))
+            problems.append(
+                Problem(
+                    .inodeDamaged, path: at, inode: id, "the inode fails authentication and cannot be recovered",
+                    repair: "drop the inode row, its xattrs and the entries naming it"))
             plan.deleteInodes.append(id)
         }
         // Link counts, for inodes the tree reaches (unreachable roots get theirs from the repair).
@@ -158,8 +172,10 @@ public final class Checker {
             let expected = walk.links[id] ?? 0
             if Self.isDirectory(r) { counts.directories += 1 } else { counts.files += 1 }
             if r.nlink != expected && !(plan.recreateRoot && id == EntityStore.rootInode) {
-                problems.append(Problem(.nlinkWrong, path: walk.paths[id], inode: id, "link count is \(r.nlink), the tree has \(expected)",
-                                        repair: "set it to \(expected)"))
+                problems.append(
+                    Problem(
+                        .nlinkWrong, path: walk.paths[id], inode: id, "link count is \(r.nlink), the tree has \(expected)",
+                        repair: "set it to \(expected)"))
             }
         }
         plan.records = records
@@ -171,28 +187,40 @@ public final class Checker {
         for row in xattrRows {
             tick()
             if damaged.contains(row.inode) { continue }
-            guard records[row.inode] != nil else { xattrOrphans[row.inode, default: 0] += 1; continue }
+            guard records[row.inode] != nil else {
+                xattrOrphans[row.inode, default: 0] += 1
+                continue
+            }
             let ok: Bool
             if let x = try? store.openXattrRow(row) {
                 ok = constantTimeEqual(store.xattrTag(row.inode, x.name), row.tag)
-            } else { ok = false }
+            } else {
+                ok = false
+            }
             if !ok {
                 plan.deleteXattrRows.append((row.inode, row.tag))
-                problems.append(Problem(.xattrDamaged, path: walk.paths[row.inode], inode: row.inode,
-                                        "an extended attribute fails authentication (name unknown)", repair: "drop the attribute"))
+                problems.append(
+                    Problem(
+                        .xattrDamaged, path: walk.paths[row.inode], inode: row.inode,
+                        "an extended attribute fails authentication (name unknown)", repair: "drop the attribute"))
             }
         }
         for (ino, n) in xattrOrphans.sorted(by: { $0.key < $1.key }) {
             plan.deleteXattrsOf.append(ino)
-            problems.append(Problem(.unreferencedXattr, inode: ino, "\(n) extended attribute(s) of an inode that does not exist",
-                                    repair: "drop them"))
+            problems.append(
+                Problem(
+                    .unreferencedXattr, inode: ino, "\(n) extended attribute(s) of an inode that does not exist",
+                    repair: "drop them"))
         }
 
         // Content: every regular file's map and chunks; then rows of no file.
         var pages: [UInt64: [UInt64: ChunkMapRow]] = [:]
         let pageRows = try store.backend.allChunkMapRows()
         counts.chunkMapPages = pageRows.count
-        for row in pageRows { pages[row.file, default: [:]][row.page] = row; tick() }
+        for row in pageRows {
+            pages[row.file, default: [:]][row.page] = row
+            tick()
+        }
         var owned = Set<UInt64>()
         var contentCheck = ContentCheck(store: store, chunkSize: chunkSize, tick: { [unowned self] in self.tick(Self.chunkWeight) })
         for (id, r) in records.sorted(by: { $0.key < $1.key }) where Self.isRegular(r) && r.contentId != 0 {
@@ -218,8 +246,11 @@ public final class Checker {
         for (file, rows) in pages where !owned.contains(file) { unowned[file, default: (0, 0)].pages = rows.count }
         for (file, n) in unowned.sorted(by: { $0.key < $1.key }) {
             plan.deleteContent.append(file)
-            problems.append(Problem(.unreferencedContent, "\(n.chunks) chunk row(s) and \(n.pages) map page(s) of content id \(String(file, radix: 16)) belong to no inode",
-                                    repair: "drop them"))
+            problems.append(
+                Problem(
+                    .unreferencedContent,
+                    "\(n.chunks) chunk row(s) and \(n.pages) map page(s) of content id \(String(file, radix: 16)) belong to no inode",
+                    repair: "drop them"))
         }
         progress?(total, total)
         return CheckResult(problems: problems, counts: counts, plan: plan)

@@ -11,7 +11,7 @@ enum ChunkMapBuilder {
         let present = tags.filter { !$0.value.isHole }
         guard let last = present.keys.max() else { return .empty }
         if last < UInt64(ChunkMapRoot.inlineLimit) {
-            return .inline((0 ... last).map { present[$0] ?? .hole })
+            return .inline((0...last).map { present[$0] ?? .hole })
         }
         let perPage = UInt64(ChunkMapRoot.positionsPerPage)
         var byPage: [UInt64: [UInt64: ChunkTag]] = [:]
@@ -19,7 +19,7 @@ enum ChunkMapBuilder {
         var refs: [ChunkMapPageRef] = []
         for (page, entries) in byPage.sorted(by: { $0.key < $1.key }) {
             guard let top = entries.keys.max() else { continue }
-            refs.append(try store.writeChunkMapPage(file: file, page: page, tags: (0 ... top).map { entries[$0] ?? .hole }))
+            refs.append(try store.writeChunkMapPage(file: file, page: page, tags: (0...top).map { entries[$0] ?? .hole }))
         }
         return .paged(refs)
     }

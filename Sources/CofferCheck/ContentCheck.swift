@@ -15,7 +15,9 @@ struct ContentCheck {
     static let perPage = UInt64(ChunkMapRoot.positionsPerPage)
 
     init(store: EntityStore, chunkSize: Int, tick: @escaping () -> Void) {
-        self.store = store; self.chunkSize = chunkSize; self.tick = tick
+        self.store = store
+        self.chunkSize = chunkSize
+        self.tick = tick
         scratch = [UInt8](repeating: 0, count: chunkSize)
     }
 
@@ -50,19 +52,24 @@ struct ContentCheck {
                 if let row = pages[page] {
                     do { tags = try store.openChunkMapRow(row, version: ref.version) } catch {
                         lostPages.insert(page)
-                        problem(.chunkMapPageDamaged, "chunk map page \(page) fails authentication against the inode's version",
-                                "keep the chunks of its range that open under the file key, drop the rest, rewrite the map")
+                        problem(
+                            .chunkMapPageDamaged, "chunk map page \(page) fails authentication against the inode's version",
+                            "keep the chunks of its range that open under the file key, drop the rest, rewrite the map")
                         continue
                     }
                 } else {
                     lostPages.insert(page)
-                    problem(.chunkMapPageDamaged, "chunk map page \(page) is missing",
-                            "keep the chunks of its range that open under the file key, drop the rest, rewrite the map")
+                    problem(
+                        .chunkMapPageDamaged, "chunk map page \(page) is missing",
+                        "keep the chunks of its range that open under the file key, drop the rest, rewrite the map")
                     continue
                 }
                 // A page number no position can have (only with the key): its tags are past any size.
                 let (base, overflow) = page.multipliedReportingOverflow(by: Self.perPage)
-                guard !overflow, base <= UInt64.max - Self.perPage else { outOfRange += tags.count; continue }
+                guard !overflow, base <= UInt64.max - Self.perPage else {
+                    outOfRange += tags.count
+                    continue
+                }
                 for (i, t) in tags.enumerated() where !t.isHole { map[base + UInt64(i)] = t }
             }
         }
@@ -71,12 +78,16 @@ struct ContentCheck {
             problem(.unreferencedMapPage, "map page row(s) \(Self.list(extraPages)) that the inode does not name", "drop them")
         }
         if lostPages.isEmpty, r.chunkCount != UInt64(map.count + outOfRange) {
-            problem(.chunkCountWrong, "the inode counts \(r.chunkCount) stored chunks, its map names \(map.count + outOfRange)", "set it to the chunks kept")
+            problem(
+                .chunkCountWrong, "the inode counts \(r.chunkCount) stored chunks, its map names \(map.count + outOfRange)",
+                "set it to the chunks kept")
         }
         let beyond = map.keys.filter { $0 >= end }.sorted()
         if !beyond.isEmpty || outOfRange > 0 {
-            problem(.mapPastSize, "the map names chunk position(s) \(Self.list(beyond))\(outOfRange > 0 ? " and \(outOfRange) beyond any file" : "") past the size (\(r.size) bytes)",
-                    "drop those positions and their rows")
+            problem(
+                .mapPastSize,
+                "the map names chunk position(s) \(Self.list(beyond))\(outOfRange > 0 ? " and \(outOfRange) beyond any file" : "") past the size (\(r.size) bytes)",
+                "drop those positions and their rows")
         }
 
         // The rows, in index order, each checked against the map and opened.
@@ -91,18 +102,43 @@ struct ContentCheck {
         var scratch = self.scratch
         try store.backend.forEachChunkRow(file: file) { idx, sealed in
             tick()
-            guard idx < end else { pastEnd.append(idx); drop.append(idx); return }
+            guard idx < end else {
+                pastEnd.append(idx)
+                drop.append(idx)
+                return
+            }
             let opens = scratch.withUnsafeMutableBytes { buffer in
                 (try? cipher.open(sealed, index: idx, into: buffer)) != nil
             }
             if lostPages.contains(idx / Self.perPage) {
-                if opens, let tag = ChunkTag(sealed: sealed) { kept[idx] = tag; adopted += 1 } else { broken.append(idx); drop.append(idx); lost.append(idx) }
+                if opens, let tag = ChunkTag(sealed: sealed) {
+                    kept[idx] = tag
+                    adopted += 1
+                } else {
+                    broken.append(idx)
+                    drop.append(idx)
+                    lost.append(idx)
+                }
                 return
             }
-            guard let expected = map[idx] else { atHole.append(idx); drop.append(idx); return }
+            guard let expected = map[idx] else {
+                atHole.append(idx)
+                drop.append(idx)
+                return
+            }
             seen.insert(idx)
-            guard ChunkTag(sealed: sealed) == expected else { replaced.append(idx); drop.append(idx); lost.append(idx); return }
-            guard opens else { broken.append(idx); drop.append(idx); lost.append(idx); return }
+            guard ChunkTag(sealed: sealed) == expected else {
+                replaced.append(idx)
+                drop.append(idx)
+                lost.append(idx)
+                return
+            }
+            guard opens else {
+                broken.append(idx)
+                drop.append(idx)
+                lost.append(idx)
+                return
+            }
             kept[idx] = expected
         }
         let missing = map.keys.filter { $0 < end && !seen.contains($0) }.sorted()
@@ -111,16 +147,19 @@ struct ContentCheck {
         let ranges = Self.byteRanges(lost.sorted(), chunkSize: cs, size: r.size)
         let rangeText = ranges.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ", ")
         if !missing.isEmpty {
-            problem(.chunkMissing, "chunk(s) \(Self.list(missing)) named by the map have no row (deleted)",
-                    "make them holes (zeros); the report lists the bytes lost")
+            problem(
+                .chunkMissing, "chunk(s) \(Self.list(missing)) named by the map have no row (deleted)",
+                "make them holes (zeros); the report lists the bytes lost")
         }
         if !replaced.isEmpty {
-            problem(.chunkReplaced, "chunk row(s) \(Self.list(replaced)) are not the ones the map names (an older or foreign copy)",
-                    "drop them and make those positions holes (zeros)")
+            problem(
+                .chunkReplaced, "chunk row(s) \(Self.list(replaced)) are not the ones the map names (an older or foreign copy)",
+                "drop them and make those positions holes (zeros)")
         }
         if !broken.isEmpty {
-            problem(.chunkDamaged, "chunk row(s) \(Self.list(broken)) fail authentication under the file key",
-                    "drop them and make those positions holes (zeros)")
+            problem(
+                .chunkDamaged, "chunk row(s) \(Self.list(broken)) fail authentication under the file key",
+                "drop them and make those positions holes (zeros)")
         }
         if !atHole.isEmpty {
             problem(.chunkAtHole, "chunk row(s) \(Self.list(atHole)) are stored where the map has a hole", "drop them")
@@ -133,9 +172,11 @@ struct ContentCheck {
             out.problems[last] = Problem(p.kind, path: p.path, inode: p.inode, p.detail + "; unreadable bytes: \(rangeText)", repair: p.repair)
         }
         if adopted > 0 {
-            out.problems.append(Problem(.chunkMapPageDamaged, path: path, inode: ino,
-                                        "\(adopted) chunk(s) in the lost page range open under the file key but cannot be told from older copies",
-                                        repair: "keep them (verify the file's content)"))
+            out.problems.append(
+                Problem(
+                    .chunkMapPageDamaged, path: path, inode: ino,
+                    "\(adopted) chunk(s) in the lost page range open under the file key but cannot be told from older copies",
+                    repair: "keep them (verify the file's content)"))
         }
         if !out.problems.isEmpty || !drop.isEmpty {
             out.fix = ContentFix(file: file, tags: kept, deleteRows: drop, lost: ranges, path: path)
@@ -150,7 +191,7 @@ struct ContentCheck {
             let (start, o1) = i.multipliedReportingOverflow(by: cs)
             guard !o1, start < size else { continue }
             let stop = min(size, start + cs)
-            if let last = out.last, last.upperBound == start { out[out.count - 1] = last.lowerBound ..< stop } else { out.append(start ..< stop) }
+            if let last = out.last, last.upperBound == start { out[out.count - 1] = last.lowerBound..<stop } else { out.append(start..<stop) }
         }
         return out
     }

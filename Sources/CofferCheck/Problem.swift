@@ -58,7 +58,11 @@ public struct Problem: Sendable, CustomStringConvertible {
     public let repair: String
 
     public init(_ kind: ProblemKind, path: String? = nil, inode: UInt64? = nil, _ detail: String, repair: String) {
-        self.kind = kind; self.path = path; self.inode = inode; self.detail = detail; self.repair = repair
+        self.kind = kind
+        self.path = path
+        self.inode = inode
+        self.detail = detail
+        self.repair = repair
     }
 
     /// "path (inode N)", whichever is known.

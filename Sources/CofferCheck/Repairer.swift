@@ -20,9 +20,13 @@ public enum Repairer {
         var links = plan.links
 
         for e in plan.deleteEntries { try store.backend.deleteEntry(parentTag: e.parentTag, tag: e.tag) }
-        if !plan.deleteEntries.isEmpty { summary.actions.append("dropped \(plan.deleteEntries.count) directory entr\(plan.deleteEntries.count == 1 ? "y" : "ies")") }
+        if !plan.deleteEntries.isEmpty {
+            summary.actions.append("dropped \(plan.deleteEntries.count) directory entr\(plan.deleteEntries.count == 1 ? "y" : "ies")")
+        }
         for e in plan.rewriteEntries { try store.putEntry(parent: e.parent, e.record) }
-        if !plan.rewriteEntries.isEmpty { summary.actions.append("rewrote \(plan.rewriteEntries.count) entr\(plan.rewriteEntries.count == 1 ? "y" : "ies") with their inode's type") }
+        if !plan.rewriteEntries.isEmpty {
+            summary.actions.append("rewrote \(plan.rewriteEntries.count) entr\(plan.rewriteEntries.count == 1 ? "y" : "ies") with their inode's type")
+        }
         for id in plan.deleteInodes {
             try store.deleteXattrs(id)
             try store.deleteInode(id)
@@ -40,7 +44,9 @@ public enum Repairer {
             try store.backend.deleteAllChunkRows(file: file)
             try store.backend.deleteAllChunkMapRows(file: file)
         }
-        if !plan.deleteContent.isEmpty { summary.actions.append("dropped the chunks and map pages of \(plan.deleteContent.count) content id(s) no inode owns") }
+        if !plan.deleteContent.isEmpty {
+            summary.actions.append("dropped the chunks and map pages of \(plan.deleteContent.count) content id(s) no inode owns")
+        }
 
         for (ino, fix) in plan.contentFixes.sorted(by: { $0.key < $1.key }) {
             guard var r = records[ino] else { continue }
@@ -109,7 +115,8 @@ public enum Repairer {
         let id = try store.newInodeId()
         var record = Checker.freshDirectory(mode: 0o040700)
         if let root = records[EntityStore.rootInode] ?? (try? store.inode(EntityStore.rootInode)) ?? nil {
-            record.uid = root.uid; record.gid = root.gid
+            record.uid = root.uid
+            record.gid = root.gid
         }
         try store.putInode(id, record)
         var name = TreeWalk.lostFoundName

@@ -26,7 +26,9 @@ struct TreeWalk {
     static let lostFoundName = Array("lost+found".utf8)
 
     init(records: [UInt64: InodeRecord], damaged: Set<UInt64>, groups: [UInt64: [Checker.Entry]]) {
-        self.records = records; self.damaged = damaged; self.groups = groups
+        self.records = records
+        self.damaged = damaged
+        self.groups = groups
     }
 
     /// Walks the subtree of directory `start`, shown as `path` ("" for the root).
@@ -43,33 +45,42 @@ struct TreeWalk {
                 let childPath = dirPath + "/" + String(decoding: e.record.name, as: UTF8.self)
                 let target = e.record.ino
                 if damaged.contains(target) {
-                    problems.append(Problem(.entryToDamagedInode, path: childPath, inode: target, "the entry names an inode that fails authentication",
-                                            repair: "drop the entry"))
+                    problems.append(
+                        Problem(
+                            .entryToDamagedInode, path: childPath, inode: target, "the entry names an inode that fails authentication",
+                            repair: "drop the entry"))
                     dropEntries.append((e.row.parentTag, e.row.tag))
                     if damagedPaths[target] == nil { damagedPaths[target] = childPath }
                     continue
                 }
                 guard let r = records[target] else {
-                    problems.append(Problem(.danglingEntry, path: childPath, inode: target, "the entry names an inode that does not exist",
-                                            repair: "drop the entry"))
+                    problems.append(
+                        Problem(
+                            .danglingEntry, path: childPath, inode: target, "the entry names an inode that does not exist",
+                            repair: "drop the entry"))
                     dropEntries.append((e.row.parentTag, e.row.tag))
                     continue
                 }
                 if Checker.isDirectory(r), visitedDirectories.contains(target) {
                     let cycle = target == EntityStore.rootInode || isAncestor(target, of: dir)
-                    problems.append(Problem(cycle ? .cycle : .directoryLinkedTwice, path: childPath, inode: target,
-                                            cycle ? "the entry names a directory above it (a cycle)"
-                                                  : "a second entry for a directory already reached as \(paths[target] ?? "?")",
-                                            repair: "drop this entry"))
+                    problems.append(
+                        Problem(
+                            cycle ? .cycle : .directoryLinkedTwice, path: childPath, inode: target,
+                            cycle
+                                ? "the entry names a directory above it (a cycle)"
+                                : "a second entry for a directory already reached as \(paths[target] ?? "?")",
+                            repair: "drop this entry"))
                     dropEntries.append((e.row.parentTag, e.row.tag))
                     continue
                 }
                 // Only for an entry that stays (a rewrite would bring a dropped one back).
                 let type = r.mode & UInt32(S_IFMT)
                 if e.record.type != type {
-                    problems.append(Problem(.entryTypeMismatch, path: childPath, inode: target,
-                                            "the entry says type \(String(e.record.type, radix: 8)), the inode is \(String(type, radix: 8))",
-                                            repair: "rewrite the entry with the inode's type"))
+                    problems.append(
+                        Problem(
+                            .entryTypeMismatch, path: childPath, inode: target,
+                            "the entry says type \(String(e.record.type, radix: 8)), the inode is \(String(type, radix: 8))",
+                            repair: "rewrite the entry with the inode's type"))
                     rewriteEntries.append((dir, DirectoryEntryRecord(name: e.record.name, ino: target, type: type)))
                 }
                 if Checker.isDirectory(r) {
@@ -100,7 +111,7 @@ struct TreeWalk {
             for e in groups[d] ?? [] where set.contains(e.record.ino) && e.record.ino != d { named.insert(e.record.ino) }
         }
         var starts: [UInt64] = []
-        for pass in 0 ..< 2 {
+        for pass in 0..<2 {
             for ino in unreachable where !reached.contains(ino) && (pass == 1 || !named.contains(ino)) {
                 starts.append(ino)
                 let label = "<unreachable \(ino)>"

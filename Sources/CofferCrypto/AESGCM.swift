@@ -30,10 +30,12 @@ public final class AESGCM: Sendable {
         let own = SecureBytes(count: Self.keySize)
         own.withUnsafeMutableBytes { destination in destination.copyMemory(from: keyBytes) }
         self.key = own
-        self.sealers = ContextPool(make: { try AESGCM.makeContext(key: own, encrypt: true) },
-                                   destroy: { EVP_CIPHER_CTX_free($0) })
-        self.openers = ContextPool(make: { try AESGCM.makeContext(key: own, encrypt: false) },
-                                   destroy: { EVP_CIPHER_CTX_free($0) })
+        self.sealers = ContextPool(
+            make: { try AESGCM.makeContext(key: own, encrypt: true) },
+            destroy: { EVP_CIPHER_CTX_free($0) })
+        self.openers = ContextPool(
+            make: { try AESGCM.makeContext(key: own, encrypt: false) },
+            destroy: { EVP_CIPHER_CTX_free($0) })
     }
 
     /// Zeroes the key and frees the keyed contexts now (unmount): later use fails, it does not
@@ -53,8 +55,9 @@ public final class AESGCM: Sendable {
             let out = UnsafeMutableRawBufferPointer(buffer)
             let nonce = UnsafeMutableRawBufferPointer(rebasing: out[0..<Self.nonceSize])
             try Random.fill(nonce)
-            try sealCore(plaintext, aad: aad, nonce: UnsafeRawBufferPointer(nonce),
-                         into: UnsafeMutableRawBufferPointer(rebasing: out[Self.nonceSize...]))
+            try sealCore(
+                plaintext, aad: aad, nonce: UnsafeRawBufferPointer(nonce),
+                into: UnsafeMutableRawBufferPointer(rebasing: out[Self.nonceSize...]))
             initialized = total
         }
     }
@@ -65,11 +68,14 @@ public final class AESGCM: Sendable {
 
     /// Writes ciphertext || tag into `out` (exactly plaintext.count + 16 bytes). Internal, not
     /// private: the known-answer tests seal under the published vectors' fixed nonces through it.
-    func sealCore(_ plaintext: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer,
-                          nonce: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws {
+    func sealCore(
+        _ plaintext: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer,
+        nonce: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer
+    ) throws {
         guard let outBase = out.baseAddress?.assumingMemoryBound(to: UInt8.self),
-              let iv = nonce.baseAddress?.assumingMemoryBound(to: UInt8.self),
-              nonce.count == Self.nonceSize, out.count == plaintext.count + Self.tagSize else {
+            let iv = nonce.baseAddress?.assumingMemoryBound(to: UInt8.self),
+            nonce.count == Self.nonceSize, out.count == plaintext.count + Self.tagSize
+        else {
             throw CryptoError.invalidParameter("bad seal buffers")
         }
         try sealers.withContext { ctx in
@@ -92,8 +98,10 @@ public final class AESGCM: Sendable {
     /// Opens into caller memory (hot read path); returns the plaintext length.
     /// `output.count` must be >= sealed.count - 28. On authentication failure the bytes
     /// already written to `output` are zeroed, so unauthenticated plaintext never escapes.
-    public func open(_ sealed: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer,
-                     into output: UnsafeMutableRawBufferPointer) throws -> Int {
+    public func open(
+        _ sealed: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer,
+        into output: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         guard sealed.count >= Self.overhead, let sealedBase = sealed.baseAddress else {
             throw CryptoError.authenticationFailed
         }
@@ -112,7 +120,7 @@ public final class AESGCM: Sendable {
             guard EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, Int32(Self.tagSize), tag) == 1 else {
                 throw CryptoError.fromOpenSSL("GCM set tag")
             }
-            var scratch: UInt8 = 0 // GCM's final writes nothing, but wants a valid pointer.
+            var scratch: UInt8 = 0  // GCM's final writes nothing, but wants a valid pointer.
             var written: Int32 = 0
             guard EVP_DecryptFinal_ex(ctx, &scratch, &written) == 1 else {
                 drainOpenSSLErrors()
@@ -154,15 +162,18 @@ public final class AESGCM: Sendable {
     }
 
     /// Feeds `input` in Int32-sized chunks; `output == nil` means the input is AAD.
-    private static func update(_ ctx: OpaquePointer, encrypt: Bool, input: UnsafeRawBufferPointer,
-                               output: UnsafeMutablePointer<UInt8>?) throws {
+    private static func update(
+        _ ctx: OpaquePointer, encrypt: Bool, input: UnsafeRawBufferPointer,
+        output: UnsafeMutablePointer<UInt8>?
+    ) throws {
         guard var source = input.baseAddress?.assumingMemoryBound(to: UInt8.self), input.count > 0 else { return }
         var destination = output
         var remaining = input.count
         while remaining > 0 {
             let chunk = min(remaining, 1 << 30)
             var written: Int32 = 0
-            let ok = encrypt
+            let ok =
+                encrypt
                 ? EVP_EncryptUpdate(ctx, destination, &written, source, Int32(chunk))
                 : EVP_DecryptUpdate(ctx, destination, &written, source, Int32(chunk))
             guard ok == 1, destination == nil || Int(written) == chunk else {

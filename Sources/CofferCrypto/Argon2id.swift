@@ -1,24 +1,27 @@
 import CArgon2
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Argon2id (RFC 9106) through libargon2's `argon2_ctx`, version 0x13, for password-derived keys.
 public enum Argon2id {
     /// memoryKiB, iterations and parallelism as in RFC 9106 (m, t, p). Output goes to locked memory.
-    public static func deriveKey(password: SecureBytes, salt: [UInt8], iterations: UInt32, memoryKiB: UInt32,
-                                 parallelism: UInt32, count: Int) throws -> SecureBytes {
+    public static func deriveKey(
+        password: SecureBytes, salt: [UInt8], iterations: UInt32, memoryKiB: UInt32,
+        parallelism: UInt32, count: Int
+    ) throws -> SecureBytes {
         try validate(salt: salt.count, iterations: iterations, memoryKiB: memoryKiB, parallelism: parallelism, count: count)
         let out = SecureBytes(count: count)
         do {
             try password.withUnsafeBytes { pwd in
                 try salt.withUnsafeBytes { s in
                     try out.withUnsafeMutableBytes { o in
-                        try run(password: pwd, salt: s, secret: UnsafeRawBufferPointer(start: nil, count: 0),
-                                associatedData: UnsafeRawBufferPointer(start: nil, count: 0),
-                                iterations: iterations, memoryKiB: memoryKiB, parallelism: parallelism, out: o)
+                        try run(
+                            password: pwd, salt: s, secret: UnsafeRawBufferPointer(start: nil, count: 0),
+                            associatedData: UnsafeRawBufferPointer(start: nil, count: 0),
+                            iterations: iterations, memoryKiB: memoryKiB, parallelism: parallelism, out: o)
                     }
                 }
             }
@@ -30,16 +33,19 @@ public enum Argon2id {
     }
 
     /// Full form with secret and associated data, for the RFC 9106 test vector.
-    public static func derive(password: [UInt8], salt: [UInt8], secret: [UInt8], associatedData: [UInt8],
-                              iterations: UInt32, memoryKiB: UInt32, parallelism: UInt32, count: Int) throws -> [UInt8] {
+    public static func derive(
+        password: [UInt8], salt: [UInt8], secret: [UInt8], associatedData: [UInt8],
+        iterations: UInt32, memoryKiB: UInt32, parallelism: UInt32, count: Int
+    ) throws -> [UInt8] {
         try validate(salt: salt.count, iterations: iterations, memoryKiB: memoryKiB, parallelism: parallelism, count: count)
         return try [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
             try password.withUnsafeBytes { pwd in
                 try salt.withUnsafeBytes { s in
                     try secret.withUnsafeBytes { k in
                         try associatedData.withUnsafeBytes { x in
-                            try run(password: pwd, salt: s, secret: k, associatedData: x, iterations: iterations,
-                                    memoryKiB: memoryKiB, parallelism: parallelism, out: UnsafeMutableRawBufferPointer(buffer))
+                            try run(
+                                password: pwd, salt: s, secret: k, associatedData: x, iterations: iterations,
+                                memoryKiB: memoryKiB, parallelism: parallelism, out: UnsafeMutableRawBufferPointer(buffer))
                         }
                     }
                 }
@@ -61,9 +67,11 @@ public enum Argon2id {
         }
     }
 
-    private static func run(password: UnsafeRawBufferPointer, salt: UnsafeRawBufferPointer, secret: UnsafeRawBufferPointer,
-                            associatedData: UnsafeRawBufferPointer, iterations: UInt32, memoryKiB: UInt32,
-                            parallelism: UInt32, out: UnsafeMutableRawBufferPointer) throws {
+    private static func run(
+        password: UnsafeRawBufferPointer, salt: UnsafeRawBufferPointer, secret: UnsafeRawBufferPointer,
+        associatedData: UnsafeRawBufferPointer, iterations: UInt32, memoryKiB: UInt32,
+        parallelism: UInt32, out: UnsafeMutableRawBufferPointer
+    ) throws {
         func length(_ b: UnsafeRawBufferPointer) throws -> UInt32 {
             guard let value = UInt32(exactly: b.count) else { throw CryptoError.invalidParameter("Argon2 input too long") }
             return value

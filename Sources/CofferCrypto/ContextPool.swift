@@ -1,8 +1,8 @@
 import Synchronization
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// An OpenSSL context pointer handed between threads. Each context is used by one thread at a

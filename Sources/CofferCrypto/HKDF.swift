@@ -42,8 +42,10 @@ public enum HKDF {
 
     /// OSSL_PARAM records keep pointers to names and values: the names are static C literals
     /// from the shim, the values are buffers the caller keeps alive for this whole call.
-    private static func derive(ikm: UnsafeRawBufferPointer, salt: UnsafeRawBufferPointer,
-                               info: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws {
+    private static func derive(
+        ikm: UnsafeRawBufferPointer, salt: UnsafeRawBufferPointer,
+        info: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer
+    ) throws {
         guard let outBase = out.baseAddress?.assumingMemoryBound(to: UInt8.self) else {
             throw CryptoError.invalidParameter("empty HKDF output")
         }
@@ -63,7 +65,7 @@ public enum HKDF {
                 OSSL_PARAM_construct_octet_string(coffer_param_key(), pointer(ikm), ikm.count),
                 OSSL_PARAM_construct_octet_string(coffer_param_salt(), pointer(salt), salt.count),
                 OSSL_PARAM_construct_octet_string(coffer_param_info(), pointer(info), info.count),
-                OSSL_PARAM_construct_end(),
+                OSSL_PARAM_construct_end()
             ]
             return params.withUnsafeMutableBufferPointer { EVP_KDF_derive(ctx, outBase, out.count, $0.baseAddress) }
         }

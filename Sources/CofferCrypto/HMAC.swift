@@ -49,7 +49,7 @@ public final class HMACSHA256: Sendable {
 
     private static func makeContext(key: SecureBytes) throws -> OpaquePointer {
         guard let mac = EVP_MAC_fetch(nil, "HMAC", nil) else { throw CryptoError.fromOpenSSL("EVP_MAC_fetch(HMAC)") }
-        defer { EVP_MAC_free(mac) } // the context holds its own reference
+        defer { EVP_MAC_free(mac) }  // the context holds its own reference
         guard let ctx = EVP_MAC_CTX_new(mac) else { throw CryptoError.fromOpenSSL("EVP_MAC_CTX_new") }
         var placeholder: UInt8 = 0
         let ok = key.withUnsafeBytes { raw -> Int32 in
@@ -58,7 +58,7 @@ public final class HMACSHA256: Sendable {
                 let k = raw.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? UnsafePointer(empty)
                 var params = [
                     OSSL_PARAM_construct_utf8_string(coffer_param_digest(), coffer_digest_sha256(), 0),
-                    OSSL_PARAM_construct_end(),
+                    OSSL_PARAM_construct_end()
                 ]
                 return params.withUnsafeMutableBufferPointer { EVP_MAC_init(ctx, k, raw.count, $0.baseAddress) }
             }

@@ -8,8 +8,10 @@ public enum Scrypt {
     /// (the RFC 7914 vectors are weaker) — anything below N=2^16, r=8 (gocryptfs' default).
     /// OpenSSL's default memory cap (32 MiB) is raised to what the parameters need,
     /// 128*r*(N+p+2) bytes, plus slack.
-    public static func deriveKey(password: SecureBytes, salt: [UInt8], n: UInt64, r: UInt64, p: UInt64,
-                                 count: Int, allowWeak: Bool = false) throws -> SecureBytes {
+    public static func deriveKey(
+        password: SecureBytes, salt: [UInt8], n: UInt64, r: UInt64, p: UInt64,
+        count: Int, allowWeak: Bool = false
+    ) throws -> SecureBytes {
         guard n >= 2, n & (n - 1) == 0 else {
             throw CryptoError.invalidParameter("scrypt N must be a power of two greater than 1, not \(n)")
         }

@@ -1,9 +1,9 @@
 import CCrypto
 import Synchronization
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Key material in memory the process controls: anonymous mappings of its own, locked with
@@ -58,7 +58,7 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible, Cu
             fatalError("SecureBytes: mmap of \(length) bytes failed (errno \(errno))")
         }
         #if os(Linux)
-        _ = madvise(mapped, length, MADV_DONTDUMP)
+            _ = madvise(mapped, length, MADV_DONTDUMP)
         #endif
         return (mapped, mlock(mapped, length) == 0)
     }

@@ -15,18 +15,31 @@ extension CofferFileSystem {
             let now = StoredTime.now()
             var changed = changes.size != nil
             if let mode = changes.mode {
-                s.record.mode = (s.record.mode & UInt32(S_IFMT)) | (mode & 0o7777); changed = true
+                s.record.mode = (s.record.mode & UInt32(S_IFMT)) | (mode & 0o7777)
+                changed = true
             }
-            if let uid = changes.uid, uid != UInt32.max { s.record.uid = uid; changed = true }
-            if let gid = changes.gid, gid != UInt32.max { s.record.gid = gid; changed = true }
+            if let uid = changes.uid, uid != UInt32.max {
+                s.record.uid = uid
+                changed = true
+            }
+            if let gid = changes.gid, gid != UInt32.max {
+                s.record.gid = gid
+                changed = true
+            }
             if (changes.uid != nil || changes.gid != nil) && !s.isDirectory {
                 // chown clears setuid, and setgid when group-executable (as chown(2) on Linux).
                 s.record.mode &= ~UInt32(S_ISUID)
                 if s.record.mode & UInt32(S_IXGRP) != 0 { s.record.mode &= ~UInt32(S_ISGID) }
             }
             if changes.clearSetID && dropSetID(s) { changed = true }
-            if let a = changes.atime { s.record.atime = a.resolved(now); changed = true }
-            if let m = changes.mtime { s.record.mtime = m.resolved(now); changed = true }
+            if let a = changes.atime {
+                s.record.atime = a.resolved(now)
+                changed = true
+            }
+            if let m = changes.mtime {
+                s.record.mtime = m.resolved(now)
+                changed = true
+            }
             if let ctime = changes.ctime {
                 s.record.ctime = ctime.stored
             } else if changed && stampsTimes(s) {
@@ -63,14 +76,16 @@ extension CofferFileSystem {
     /// space before writing (cp, rsync, installers) go ahead.
     public func statfs() throws(FSError) -> FileSystemStatistics {
         guard let statfsPath else {
-            return FileSystemStatistics(blockSize: 4096, totalBlocks: 1 << 40, freeBlocks: 1 << 40, availableBlocks: 1 << 40,
-                                        totalFiles: 1 << 32, freeFiles: 1 << 32, maxNameLength: UInt64(DirectoryEntryRecord.maxNameLength))
+            return FileSystemStatistics(
+                blockSize: 4096, totalBlocks: 1 << 40, freeBlocks: 1 << 40, availableBlocks: 1 << 40,
+                totalFiles: 1 << 32, freeFiles: 1 << 32, maxNameLength: UInt64(DirectoryEntryRecord.maxNameLength))
         }
         var st = statvfs()
         guard statvfs(statfsPath, &st) == 0 else { throw FSError(errno) }
-        return FileSystemStatistics(blockSize: UInt64(st.f_frsize), totalBlocks: UInt64(st.f_blocks), freeBlocks: UInt64(st.f_bfree),
-                                    availableBlocks: UInt64(st.f_bavail), totalFiles: UInt64(st.f_files), freeFiles: UInt64(st.f_ffree),
-                                    maxNameLength: UInt64(DirectoryEntryRecord.maxNameLength))
+        return FileSystemStatistics(
+            blockSize: UInt64(st.f_frsize), totalBlocks: UInt64(st.f_blocks), freeBlocks: UInt64(st.f_bfree),
+            availableBlocks: UInt64(st.f_bavail), totalFiles: UInt64(st.f_files), freeFiles: UInt64(st.f_ffree),
+            maxNameLength: UInt64(DirectoryEntryRecord.maxNameLength))
     }
 
     // MARK: Extended attributes (user.* only; names and values sealed)
@@ -87,10 +102,11 @@ extension CofferFileSystem {
             guard !s.isSymlink else { throw .permission }
             let exists: Bool
             do { exists = try store.xattr(ino, name: name) != nil } catch { throw fsError(error, "xattr of inode \(ino)") }
-            if flags & 1 != 0 && exists { throw .exists }            // XATTR_CREATE
-            if flags & 2 != 0 && !exists { throw .noData }           // XATTR_REPLACE
+            if flags & 1 != 0 && exists { throw .exists }  // XATTR_CREATE
+            if flags & 2 != 0 && !exists { throw .noData }  // XATTR_REPLACE
             do { try store.putXattr(ino, name: name, value: value) } catch { throw fsError(error) }
-            s.record.ctime = .now(); s.dirty = true
+            s.record.ctime = .now()
+            s.dirty = true
         }
     }
 
@@ -123,7 +139,8 @@ extension CofferFileSystem {
             let removed: Bool
             do { removed = try store.deleteXattr(ino, name: name) } catch { throw fsError(error) }
             guard removed else { throw .noData }
-            s.record.ctime = .now(); s.dirty = true
+            s.record.ctime = .now()
+            s.dirty = true
         }
     }
 }

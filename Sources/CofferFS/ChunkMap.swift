@@ -67,7 +67,7 @@ final class ChunkMap {
             let p = index / Self.perPage
             let tags = try page(p, store: store)
             let pageEnd = min(last, (p + 1) * Self.perPage - 1)
-            for i in index ... pageEnd {
+            for i in index...pageEnd {
                 let j = Int(i % Self.perPage)
                 out.append(j < tags.count ? tags[j] : .hole)
             }
@@ -106,7 +106,7 @@ final class ChunkMap {
             let base = p * Self.perPage
             let lo = Int(max(first, base) - base), hi = Int(min(last, base + Self.perPage - 1) - base)
             guard lo < tags.count else { continue }
-            for i in lo ... min(hi, tags.count - 1) { tags[i] = .hole }
+            for i in lo...min(hi, tags.count - 1) { tags[i] = .hole }
             while let lastTag = tags.last, lastTag.isHole { tags.removeLast() }
             pages[p] = tags
             dirty.insert(p)
@@ -125,7 +125,10 @@ final class ChunkMap {
             dirty.insert(p)
         }
         let firstDropped = keep % Self.perPage == 0 ? p : p + 1
-        for key in pages.keys where key >= firstDropped { pages[key] = nil; dirty.remove(key) }
+        for key in pages.keys where key >= firstDropped {
+            pages[key] = nil
+            dirty.remove(key)
+        }
         droppedFrom = min(droppedFrom ?? firstDropped, firstDropped)
     }
 

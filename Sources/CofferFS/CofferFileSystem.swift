@@ -190,12 +190,17 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             s.dropChunkMap()
             if let r = try? store.inode(ino) {
                 // A stored record without links was written with its orphan row (`persist`).
-                s.record = r; s.dirty = false; s.deleted = false; s.orphaned = r.nlink == 0
+                s.record = r
+                s.dirty = false
+                s.deleted = false
+                s.orphaned = r.nlink == 0
             } else if s.lookups == 0 {
                 inodes[ino] = nil
             } else {
                 // Created inside the lost transaction: it no longer exists.
-                s.deleted = true; s.dirty = false; s.record.nlink = 0
+                s.deleted = true
+                s.dirty = false
+                s.record.nlink = 0
             }
         }
         // A dying inode whose unlink was lost is a file again (its entry is back: the kernel finds it
@@ -203,7 +208,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         // transaction is gone.
         for (ino, s) in dying {
             if let r = try? store.inode(ino), r.nlink == 0 {
-                s.record = r; s.dirty = false; s.deleted = false; s.orphaned = true
+                s.record = r
+                s.dirty = false
+                s.deleted = false
+                s.orphaned = true
             } else {
                 dying[ino] = nil
             }
@@ -219,7 +227,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         do {
             try s.flushChunkMap(store)
             try store.putInode(s.ino, s.record)
-            if s.record.nlink == 0 && !s.orphaned { try store.addOrphan(s.ino); s.orphaned = true }
+            if s.record.nlink == 0 && !s.orphaned {
+                try store.addOrphan(s.ino)
+                s.orphaned = true
+            }
         } catch { throw fsError(error) }
         s.dirty = false
     }
@@ -246,7 +257,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             }
             try store.deleteXattrs(s.ino)
             try store.deleteInode(s.ino)
-            if s.orphaned { try store.removeOrphan(s.ino); s.orphaned = false }
+            if s.orphaned {
+                try store.removeOrphan(s.ino)
+                s.orphaned = false
+            }
         } catch { throw fsError(error) }
         s.tail = nil
         s.deleted = true
@@ -346,9 +360,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     func attributes(_ s: InodeState) -> Attributes {
         let r = s.record
-        return Attributes(ino: s.ino, mode: r.mode, nlink: r.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
-                          size: r.size, blocks: blocks(r),
-                          atime: Timestamp(r.atime), mtime: Timestamp(r.mtime), ctime: Timestamp(r.ctime))
+        return Attributes(
+            ino: s.ino, mode: r.mode, nlink: r.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
+            size: r.size, blocks: blocks(r),
+            atime: Timestamp(r.atime), mtime: Timestamp(r.mtime), ctime: Timestamp(r.ctime))
     }
 
     /// 512-byte blocks of the chunks actually stored: sparse files look sparse to du, cp and rsync.

@@ -35,13 +35,15 @@ extension CofferFileSystem {
     /// the forget; an unlinked file goes with the kernel's forget.
     public func release(_ ino: InodeNumber, handle: HandleID) {}
 
-
     /// Durable once it returns: the group transaction, with this file in it, is committed.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
         guard !options.readOnly else { return }
         try commit()
         try meta.withLock { () throws(FSError) in
-            if let s = inodes[ino], let e = s.writeError { s.writeError = nil; throw e }
+            if let s = inodes[ino], let e = s.writeError {
+                s.writeError = nil
+                throw e
+            }
         }
     }
 
@@ -99,8 +101,9 @@ extension CofferFileSystem {
         let first = offset / cs, last = (offset + UInt64(max(count, 1)) - 1) / cs
         let cipher = try s.cipher(store)
         do {
-            return FileContent(ino: s.ino, id: s.record.contentId, cipher: cipher, first: first,
-                               tags: try s.chunkMap.tags(first, last, store: store))
+            return FileContent(
+                ino: s.ino, id: s.record.contentId, cipher: cipher, first: first,
+                tags: try s.chunkMap.tags(first, last, store: store))
         } catch { throw fsError(error, "inode \(s.ino)") }
     }
 
@@ -121,14 +124,16 @@ extension CofferFileSystem {
                 try store.forEachChunk(file: c.id, first: first, last: last) { index, sealed in
                     let expected = index >= c.first && index - c.first < UInt64(c.tags.count) ? c.tags[Int(index - c.first)] : .hole
                     guard !expected.isHole, ChunkTag(sealed: sealed) == expected else {
-                        throw StoreError.authenticationFailed(kind: .contentChunk, entity: expected.isHole
-                            ? "chunk \(index) of content \(c.id) (stored where the file's chunk map has a hole)"
-                            : "chunk \(index) of content \(c.id) (not the chunk the file's chunk map names: an older or foreign copy)")
+                        throw StoreError.authenticationFailed(
+                            kind: .contentChunk,
+                            entity: expected.isHole
+                                ? "chunk \(index) of content \(c.id) (stored where the file's chunk map has a hole)"
+                                : "chunk \(index) of content \(c.id) (not the chunk the file's chunk map names: an older or foreign copy)")
                     }
                     seen += 1
                     let start = index * cs
                     if start >= offset && start + cs <= end {
-                        let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(start - offset) ..< Int(start - offset + cs)])
+                        let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(start - offset)..<Int(start - offset + cs)])
                         _ = try c.cipher.open(sealed, index: index, into: dst)
                         return
                     }
@@ -137,17 +142,18 @@ extension CofferFileSystem {
                     let from = max(offset, start), to = min(end, start + UInt64(n))
                     guard from < to else { return }
                     scratch.withUnsafeBytes { src in
-                        let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(from - offset) ..< Int(to - offset)])
-                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: src[Int(from - start) ..< Int(to - start)]))
+                        let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(from - offset)..<Int(to - offset)])
+                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: src[Int(from - start)..<Int(to - start)]))
                     }
                 }
             }
-            let wanted = (first ... last).reduce(0) { n, i in
+            let wanted = (first...last).reduce(0) { n, i in
                 let k = i >= c.first && i - c.first < UInt64(c.tags.count) ? c.tags[Int(i - c.first)] : .hole
                 return k.isHole ? n : n + 1
             }
             if seen != wanted {
-                throw StoreError.authenticationFailed(kind: .contentChunk, entity: "\(wanted - seen) chunk(s) of content \(c.id) (deleted from the container)")
+                throw StoreError.authenticationFailed(
+                    kind: .contentChunk, entity: "\(wanted - seen) chunk(s) of content \(c.id) (deleted from the container)")
             }
         } catch { throw fsError(error, "inode \(c.ino), content \(c.id)") }
         return output
@@ -165,7 +171,11 @@ extension CofferFileSystem {
         guard s.isRegular else { throw .invalid }
         guard !data.isEmpty else { return 0 }
         try s.content.withWriteLock { () throws(FSError) in
-            enum Plan { case done, loadTail(FileContent, UInt64), seal(FileContent) }
+            enum Plan {
+                case done
+                case loadTail(FileContent, UInt64)
+                case seal(FileContent)
+            }
             let (start, oldSize, plan) = try meta.withLock { () throws(FSError) -> (UInt64, UInt64, Plan) in
                 let start = offset
                 let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
@@ -233,13 +243,18 @@ extension CofferFileSystem {
         let now = StoredTime.now()
         s.record.chunkCount += addedChunks
         s.record.size = max(s.record.size, end)
-        if stampsTimes(s) { s.record.mtime = now; s.record.ctime = now }
+        if stampsTimes(s) {
+            s.record.mtime = now
+            s.record.ctime = now
+        }
         s.dirty = true
     }
 
     /// Seals the chunks that [offset, offset+data.count) touches, merging partial chunks with what
     /// they held (read and checked through the map). Call with the content lock held for writing.
-    func sealRange(_ c: FileContent, oldSize: UInt64, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> [(index: UInt64, sealed: [UInt8])] {
+    func sealRange(_ c: FileContent, oldSize: UInt64, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> [(
+        index: UInt64, sealed: [UInt8]
+    )] {
         let cs = UInt64(chunkSize)
         let end = offset + UInt64(data.count)
         let first = offset / cs, last = (end - 1) / cs
@@ -253,21 +268,21 @@ extension CofferFileSystem {
         }
         var sealed: [(index: UInt64, sealed: [UInt8])] = []
         sealed.reserveCapacity(Int(last - first + 1))
-        for index in first ... last {
+        for index in first...last {
             let start = index * cs
             let from = max(offset, start), to = min(end, start + cs)
             let srcOffset = Int(from - offset)
             do {
                 if from == start && to == start + cs {
-                    let slice = UnsafeRawBufferPointer(rebasing: data[srcOffset ..< srcOffset + Int(cs)])
+                    let slice = UnsafeRawBufferPointer(rebasing: data[srcOffset..<srcOffset + Int(cs)])
                     sealed.append((index, try c.cipher.seal(slice, index: index)))
                 } else {
                     var plain = existing[index] ?? []
                     let needed = Int(to - start)
                     if plain.count < needed { plain.append(contentsOf: repeatElement(0, count: needed - plain.count)) }
                     plain.withUnsafeMutableBytes { p in
-                        let dst = UnsafeMutableRawBufferPointer(rebasing: p[Int(from - start) ..< Int(to - start)])
-                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: data[srcOffset ..< srcOffset + Int(to - from)]))
+                        let dst = UnsafeMutableRawBufferPointer(rebasing: p[Int(from - start)..<Int(to - start)])
+                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: data[srcOffset..<srcOffset + Int(to - from)]))
                     }
                     sealed.append((index, try c.cipher.seal(plain, index: index)))
                 }

@@ -32,14 +32,14 @@ struct DirectoryCookie: Equatable {
 
     static func prefix(of tag: [UInt8]) -> UInt64 {
         var v: UInt64 = 0
-        for i in 0 ..< 8 { v = v << 8 | UInt64(i < tag.count ? tag[i] : 0) }
+        for i in 0..<8 { v = v << 8 | UInt64(i < tag.count ? tag[i] : 0) }
         return v >> (64 - UInt64(prefixBits))
     }
 
     /// The smallest tag with this prefix, as 8 bytes: SQLite orders a blob after its own prefixes.
     var lowerBound: [UInt8] {
         let v = prefix << (64 - UInt64(Self.prefixBits))
-        return (0 ..< 8).map { UInt8(truncatingIfNeeded: v >> (56 - 8 * UInt64($0))) }
+        return (0..<8).map { UInt8(truncatingIfNeeded: v >> (56 - 8 * UInt64($0))) }
     }
 }
 

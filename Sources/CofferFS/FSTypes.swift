@@ -34,7 +34,10 @@ public struct FSError: Error, Equatable, CustomStringConvertible {
 public struct Timestamp: Equatable, Sendable {
     public var seconds: Int64
     public var nanoseconds: UInt32
-    public init(seconds: Int64, nanoseconds: UInt32) { self.seconds = seconds; self.nanoseconds = nanoseconds }
+    public init(seconds: Int64, nanoseconds: UInt32) {
+        self.seconds = seconds
+        self.nanoseconds = nanoseconds
+    }
     /// The kernel's clock for file times (current_time(), the coarse realtime clock). With the writeback
     /// cache the kernel stamps mtime and ctime on writes itself; a finer clock here would make a write right
     /// after a create move them back, and would dirty the inode (one more SETATTR per created file).
@@ -60,10 +63,21 @@ public struct Attributes: Equatable, Sendable {
     public var atime: Timestamp
     public var mtime: Timestamp
     public var ctime: Timestamp
-    public init(ino: InodeNumber, mode: UInt32, nlink: UInt32, uid: UInt32, gid: UInt32, rdev: UInt64,
-                size: UInt64, blocks: UInt64, atime: Timestamp, mtime: Timestamp, ctime: Timestamp) {
-        self.ino = ino; self.mode = mode; self.nlink = nlink; self.uid = uid; self.gid = gid; self.rdev = rdev
-        self.size = size; self.blocks = blocks; self.atime = atime; self.mtime = mtime; self.ctime = ctime
+    public init(
+        ino: InodeNumber, mode: UInt32, nlink: UInt32, uid: UInt32, gid: UInt32, rdev: UInt64,
+        size: UInt64, blocks: UInt64, atime: Timestamp, mtime: Timestamp, ctime: Timestamp
+    ) {
+        self.ino = ino
+        self.mode = mode
+        self.nlink = nlink
+        self.uid = uid
+        self.gid = gid
+        self.rdev = rdev
+        self.size = size
+        self.blocks = blocks
+        self.atime = atime
+        self.mtime = mtime
+        self.ctime = ctime
     }
 }
 
@@ -74,7 +88,10 @@ public struct Caller: Sendable {
     public var pid: Int32
     public var umask: UInt32
     public init(uid: UInt32, gid: UInt32, pid: Int32 = 0, umask: UInt32 = 0o022) {
-        self.uid = uid; self.gid = gid; self.pid = pid; self.umask = umask
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid
+        self.umask = umask
     }
     public static let root = Caller(uid: 0, gid: 0)
 }
@@ -91,10 +108,18 @@ public struct AttributeChanges: Sendable {
     /// Also clear set-user-ID, and set-group-ID when group-executable, after the other changes (the kernel asks
     /// for it on truncate by a caller without CAP_FSETID and on chown; see `FileSystemOperations.clearSetID`).
     public var clearSetID = false
-    public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: UInt64? = nil,
-                atime: TimeChange? = nil, mtime: TimeChange? = nil, ctime: Timestamp? = nil, clearSetID: Bool = false) {
-        self.mode = mode; self.uid = uid; self.gid = gid; self.size = size
-        self.atime = atime; self.mtime = mtime; self.ctime = ctime; self.clearSetID = clearSetID
+    public init(
+        mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: UInt64? = nil,
+        atime: TimeChange? = nil, mtime: TimeChange? = nil, ctime: Timestamp? = nil, clearSetID: Bool = false
+    ) {
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+        self.size = size
+        self.atime = atime
+        self.mtime = mtime
+        self.ctime = ctime
+        self.clearSetID = clearSetID
     }
 }
 
@@ -113,7 +138,11 @@ public struct DirectoryEntry: Sendable {
     /// Filled only for readdirplus (and then the entry counts as a lookup).
     public var attributes: Attributes?
     public init(name: [UInt8], ino: InodeNumber, type: UInt32, offset: Int64, attributes: Attributes? = nil) {
-        self.name = name; self.ino = ino; self.type = type; self.offset = offset; self.attributes = attributes
+        self.name = name
+        self.ino = ino
+        self.type = type
+        self.offset = offset
+        self.attributes = attributes
     }
 }
 
@@ -125,10 +154,16 @@ public struct FileSystemStatistics: Sendable {
     public var totalFiles: UInt64
     public var freeFiles: UInt64
     public var maxNameLength: UInt64
-    public init(blockSize: UInt64, totalBlocks: UInt64, freeBlocks: UInt64, availableBlocks: UInt64,
-                totalFiles: UInt64, freeFiles: UInt64, maxNameLength: UInt64) {
-        self.blockSize = blockSize; self.totalBlocks = totalBlocks; self.freeBlocks = freeBlocks
-        self.availableBlocks = availableBlocks; self.totalFiles = totalFiles; self.freeFiles = freeFiles
+    public init(
+        blockSize: UInt64, totalBlocks: UInt64, freeBlocks: UInt64, availableBlocks: UInt64,
+        totalFiles: UInt64, freeFiles: UInt64, maxNameLength: UInt64
+    ) {
+        self.blockSize = blockSize
+        self.totalBlocks = totalBlocks
+        self.freeBlocks = freeBlocks
+        self.availableBlocks = availableBlocks
+        self.totalFiles = totalFiles
+        self.freeFiles = freeFiles
         self.maxNameLength = maxNameLength
     }
 }
@@ -154,7 +189,10 @@ extension HandleID {
 public struct ChunkRead: Sendable {
     public var start: UInt64
     public var bytes: [UInt8]
-    public init(start: UInt64, bytes: [UInt8]) { self.start = start; self.bytes = bytes }
+    public init(start: UInt64, bytes: [UInt8]) {
+        self.start = start
+        self.bytes = bytes
+    }
 }
 
 /// What opening a file tells the kernel about its page cache.
@@ -162,7 +200,10 @@ public struct OpenResult: Sendable {
     public var handle: HandleID
     /// True when the file did not change since the kernel last cached it: keep its page cache.
     public var keepCache: Bool
-    public init(handle: HandleID, keepCache: Bool) { self.handle = handle; self.keepCache = keepCache }
+    public init(handle: HandleID, keepCache: Bool) {
+        self.handle = handle
+        self.keepCache = keepCache
+    }
 }
 
 /// Cache lifetimes the adapter should hand to the kernel (seconds). The filesystem layer is the only writer
@@ -172,6 +213,8 @@ public struct CacheTimeouts: Sendable {
     public var attributes: Double
     public var negativeEntry: Double
     public init(entry: Double = 1, attributes: Double = 1, negativeEntry: Double = 0) {
-        self.entry = entry; self.attributes = attributes; self.negativeEntry = negativeEntry
+        self.entry = entry
+        self.attributes = attributes
+        self.negativeEntry = negativeEntry
     }
 }

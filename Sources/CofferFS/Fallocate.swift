@@ -15,7 +15,8 @@ extension CofferFileSystem {
         let punch = mode & Self.punchHoleFlag != 0, zero = mode & Self.zeroRangeFlag != 0
         // Punching must keep the size (fallocate(2)); collapse, insert and unshare are not supported.
         guard mode & ~(Self.keepSizeFlag | Self.punchHoleFlag | Self.zeroRangeFlag) == 0, !(punch && zero),
-              !punch || keepSize else { throw .notSupported }
+            !punch || keepSize
+        else { throw .notSupported }
         let s = try meta.withLock { () throws(FSError) in try state(ino) }
         guard s.isRegular else { throw s.isDirectory ? .isDirectory : FSError(ENODEV) }
         let (end, overflow) = offset.addingReportingOverflow(length)
@@ -70,7 +71,7 @@ extension CofferFileSystem {
             if c.tags[0].isHole { continue }
             var bytes = try readRange(c, offset: start, count: length)
             let zeroFrom = Int(max(from, start) - start), zeroTo = Int(min(end, start + UInt64(length)) - start)
-            for i in zeroFrom ..< zeroTo { bytes[i] = 0 }
+            for i in zeroFrom..<zeroTo { bytes[i] = 0 }
             let sealed: [UInt8]
             do { sealed = try c.cipher.seal(bytes, index: index) } catch { throw fsError(error, "inode \(s.ino)") }
             _ = try storeChunks(s, [(index, sealed)])

@@ -28,7 +28,10 @@ final class InodeState: @unchecked Sendable {
     private var cachedCipher: ContentCipher?
     private var loadedChunkMap: ChunkMap?
 
-    init(ino: InodeNumber, record: InodeRecord) { self.ino = ino; self.record = record }
+    init(ino: InodeNumber, record: InodeRecord) {
+        self.ino = ino
+        self.record = record
+    }
 
     var fileType: UInt32 { record.mode & UInt32(S_IFMT) }
     var isDirectory: Bool { fileType == UInt32(S_IFDIR) }
@@ -44,7 +47,10 @@ final class InodeState: @unchecked Sendable {
     }
 
     /// Zeroes the per-file key (unmount).
-    func wipeCipher() { cachedCipher?.wipe(); cachedCipher = nil }
+    func wipeCipher() {
+        cachedCipher?.wipe()
+        cachedCipher = nil
+    }
 
     /// The file's chunk map, set up from the record on first use. Call under the meta lock.
     var chunkMap: ChunkMap {
@@ -61,5 +67,8 @@ final class InodeState: @unchecked Sendable {
     }
 
     /// Forgets the map in memory (the record was reread after the store dropped a transaction).
-    func dropChunkMap() { loadedChunkMap = nil; tail = nil }
+    func dropChunkMap() {
+        loadedChunkMap = nil
+        tail = nil
+    }
 }

@@ -59,8 +59,10 @@ extension CofferFileSystem {
     }
 
     /// Creates an inode and its entry; the new inode counts one lookup. Call under meta.
-    func makeNode(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64 = 0, caller: Caller,
-                  symlink: StoredPath? = nil, size: UInt64 = 0) throws(FSError) -> InodeState {
+    func makeNode(
+        parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64 = 0, caller: Caller,
+        symlink: StoredPath? = nil, size: UInt64 = 0
+    ) throws(FSError) -> InodeState {
         try checkWritable()
         do {
             return try store.batch { () throws(FSError) -> InodeState in
@@ -69,8 +71,10 @@ extension CofferFileSystem {
         } catch { throw fsError(error) }
     }
 
-    private func makeNodeInBatch(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller,
-                                 symlink: StoredPath?, size: UInt64) throws(FSError) -> InodeState {
+    private func makeNodeInBatch(
+        parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller,
+        symlink: StoredPath?, size: UInt64
+    ) throws(FSError) -> InodeState {
         try Self.validate(name: name)
         let dir = try directory(parent)
         guard dir.record.nlink > 0 else { throw .notFound }
@@ -88,8 +92,9 @@ extension CofferFileSystem {
         do {
             contentId = mode & UInt32(S_IFMT) == UInt32(S_IFREG) ? try EntityStore.newContentId() : 0
         } catch { throw fsError(error) }
-        let record = InodeRecord(mode: mode, uid: caller.uid, gid: gid, nlink: isDir ? 2 : 1, size: size, rdev: rdev,
-                                 atime: now, mtime: now, ctime: now, contentId: contentId, symlinkTarget: symlink)
+        let record = InodeRecord(
+            mode: mode, uid: caller.uid, gid: gid, nlink: isDir ? 2 : 1, size: size, rdev: rdev,
+            atime: now, mtime: now, ctime: now, contentId: contentId, symlinkTarget: symlink)
         // The entry goes in at once (lookups read the store); the record is born dirty and goes out with the
         // group commit, like the directory's new times, so a commit holds both or neither. A new file is
         // usually changed again before that (tar sets its times, owner and mode): one record write, not two.
@@ -101,7 +106,9 @@ extension CofferFileSystem {
         let s = InodeState(ino: ino, record: record)
         s.dirty = true
         if isDir { dir.record.nlink += 1 }
-        dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
+        dir.record.mtime = now
+        dir.record.ctime = now
+        dir.dirty = true
         s.lookups = 1
         s.location = (parent, name)
         inodes[ino] = s
@@ -111,7 +118,7 @@ extension CofferFileSystem {
     /// An inode number neither the store nor memory uses: a new inode's record reaches the store only
     /// at the next commit, so the store alone cannot tell. Call under meta.
     private func freeInodeNumber() throws(FSError) -> InodeNumber {
-        for _ in 0 ..< 16 {
+        for _ in 0..<16 {
             let ino: InodeNumber
             do { ino = try store.newInodeId() } catch { throw fsError(error) }
             if inodes[ino] == nil && dying[ino] == nil { return ino }
@@ -136,11 +143,15 @@ extension CofferFileSystem {
     public func symlink(parent: InodeNumber, name: [UInt8], target: [UInt8], caller: Caller) throws(FSError) -> Attributes {
         guard !target.isEmpty else { throw .notFound }
         guard target.count <= ContainerPathTransformer.maxLength, !target.contains(0) else { throw .nameTooLong }
-        let stored: StoredPath = options.plainSymlinks ? .verbatim(target)
+        let stored: StoredPath =
+            options.plainSymlinks
+            ? .verbatim(target)
             : options.symlinkRoot.map { ContainerPathTransformer.store(target, root: Array($0.utf8)) } ?? .verbatim(target)
         return try meta.withLock { () throws(FSError) -> Attributes in
-            attributes(try makeNode(parent: parent, name: name, mode: UInt32(S_IFLNK) | 0o777, caller: caller,
-                                    symlink: stored, size: UInt64(target.count)))
+            attributes(
+                try makeNode(
+                    parent: parent, name: name, mode: UInt32(S_IFLNK) | 0o777, caller: caller,
+                    symlink: stored, size: UInt64(target.count)))
         }
     }
 
@@ -166,11 +177,16 @@ extension CofferFileSystem {
             guard s.record.nlink < UInt32.max - 1 else { throw .tooManyLinks }
             let dir = try directory(newParent)
             guard try existingEntry(parent: newParent, name: newName) == nil else { throw .exists }
-            do { try store.putEntry(parent: newParent, DirectoryEntryRecord(name: newName, ino: ino, type: s.fileType)) } catch { throw fsError(error) }
+            do { try store.putEntry(parent: newParent, DirectoryEntryRecord(name: newName, ino: ino, type: s.fileType)) } catch {
+                throw fsError(error)
+            }
             let now = StoredTime.now()
-            s.record.nlink += 1; s.record.ctime = now
+            s.record.nlink += 1
+            s.record.ctime = now
             try persist(s)
-            dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
+            dir.record.mtime = now
+            dir.record.ctime = now
+            dir.dirty = true
             s.lookups += 1
             s.location = (newParent, newName)
             return attributes(s)
@@ -185,7 +201,9 @@ extension CofferFileSystem {
             guard !s.isDirectory else { throw .isDirectory }
             do { try store.deleteEntry(parent: parent, name: name) } catch { throw fsError(error) }
             let now = StoredTime.now()
-            dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
+            dir.record.mtime = now
+            dir.record.ctime = now
+            dir.dirty = true
             try dropLink(s, now: now)
         }
         // On a full disk, many deletes commit in pieces (EntityStore.isCommitDue).
@@ -201,7 +219,10 @@ extension CofferFileSystem {
     func dropLink(_ s: InodeState, now: StoredTime) throws(FSError) {
         s.record.nlink = s.record.nlink > 0 ? s.record.nlink - 1 : 0
         s.record.ctime = now
-        if s.record.nlink > 0 { try persist(s); return }
+        if s.record.nlink > 0 {
+            try persist(s)
+            return
+        }
         if s.lookups > 0 {
             s.dirty = true
         } else {
@@ -219,7 +240,10 @@ extension CofferFileSystem {
             try requireEmpty(s)
             do { try store.deleteEntry(parent: parent, name: name) } catch { throw fsError(error) }
             let now = StoredTime.now()
-            dir.record.nlink -= 1; dir.record.mtime = now; dir.record.ctime = now; dir.dirty = true
+            dir.record.nlink -= 1
+            dir.record.mtime = now
+            dir.record.ctime = now
+            dir.dirty = true
             s.record.nlink = 0
             try destroy(s)
             release(ifUnused: s)
@@ -246,20 +270,34 @@ extension CofferFileSystem {
             func put(_ dir: InodeNumber, _ n: [UInt8], _ s: InodeState) throws(FSError) {
                 do { try store.putEntry(parent: dir, DirectoryEntryRecord(name: n, ino: s.ino, type: s.fileType)) } catch { throw fsError(error) }
             }
-            func touch(_ dirs: InodeState...) { for d in dirs { d.record.mtime = now; d.record.ctime = now; d.dirty = true } }
+            func touch(_ dirs: InodeState...) {
+                for d in dirs {
+                    d.record.mtime = now
+                    d.record.ctime = now
+                    d.dirty = true
+                }
+            }
 
             if flags.contains(.exchange) {
                 guard let targetEntry else { throw .notFound }
                 let target = try state(targetEntry.ino)
                 try put(parent, name, target)
                 try put(newParent, newName, source)
-                target.location = (parent, name); source.location = (newParent, newName)
+                target.location = (parent, name)
+                source.location = (newParent, newName)
                 if parent != newParent && source.isDirectory != target.isDirectory {
-                    if source.isDirectory { fromDir.record.nlink -= 1; toDir.record.nlink += 1 }
-                    else { fromDir.record.nlink += 1; toDir.record.nlink -= 1 }
+                    if source.isDirectory {
+                        fromDir.record.nlink -= 1
+                        toDir.record.nlink += 1
+                    } else {
+                        fromDir.record.nlink += 1
+                        toDir.record.nlink -= 1
+                    }
                 }
-                source.record.ctime = now; target.record.ctime = now
-                source.dirty = true; target.dirty = true
+                source.record.ctime = now
+                target.record.ctime = now
+                source.dirty = true
+                target.dirty = true
                 touch(fromDir, toDir)
                 return
             }
@@ -285,8 +323,12 @@ extension CofferFileSystem {
             do { try store.deleteEntry(parent: parent, name: name) } catch { throw fsError(error) }
             try put(newParent, newName, source)
             source.location = (newParent, newName)
-            if source.isDirectory && parent != newParent { fromDir.record.nlink -= 1; toDir.record.nlink += 1 }
-            source.record.ctime = now; source.dirty = true
+            if source.isDirectory && parent != newParent {
+                fromDir.record.nlink -= 1
+                toDir.record.nlink += 1
+            }
+            source.record.ctime = now
+            source.dirty = true
             touch(fromDir, toDir)
         }
     }
@@ -313,8 +355,10 @@ extension CofferFileSystem {
                 out.append(DirectoryEntry(name: [UInt8(ascii: ".")], ino: ino, type: dirType, offset: DirectoryCookie.afterDot))
             }
             if offset < DirectoryCookie.afterDotDot && out.count < limit {
-                out.append(DirectoryEntry(name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: EntityStore.rootInode, type: dirType,
-                                          offset: DirectoryCookie.afterDotDot))
+                out.append(
+                    DirectoryEntry(
+                        name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: EntityStore.rootInode, type: dirType,
+                        offset: DirectoryCookie.afterDotDot))
             }
             let resume = DirectoryCookie(offset)
             var from = resume?.lowerBound ?? []

@@ -34,7 +34,11 @@ extension CofferFileSystem {
             // repeat harmlessly): a failed statement may have dropped the whole transaction, pieces done
             // before it included.
             meta.withLock {
-                for s in victims { s.deleted = false; s.dirty = true; dying[s.ino] = s }
+                for s in victims {
+                    s.deleted = false
+                    s.dirty = true
+                    dying[s.ino] = s
+                }
             }
             logger.error("deleting removed files failed: \(error)")
             return -1
@@ -60,7 +64,10 @@ extension CofferFileSystem {
         while busy < 200 {
             let n = reapSome(256)
             if n < 0 { return }
-            if n > 0 { busy = 0; continue }
+            if n > 0 {
+                busy = 0
+                continue
+            }
             if meta.withLock({ dying.isEmpty }) { return }
             busy += 1
             usleep(1_000)

@@ -13,7 +13,7 @@ struct TailChunk {
     mutating func merge(_ data: UnsafeRawBufferPointer, at offset: Int) {
         let end = offset + data.count
         if bytes.count < end { bytes.append(contentsOf: repeatElement(0, count: end - bytes.count)) }
-        bytes.withUnsafeMutableBytes { UnsafeMutableRawBufferPointer(rebasing: $0[offset ..< end]).copyMemory(from: data) }
+        bytes.withUnsafeMutableBytes { UnsafeMutableRawBufferPointer(rebasing: $0[offset..<end]).copyMemory(from: data) }
     }
 }
 

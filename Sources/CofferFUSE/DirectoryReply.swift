@@ -23,7 +23,10 @@ final class DirectoryReply {
     private var counted: [InodeNumber] = []
 
     init(_ req: fuse_req_t?, _ ctx: FUSEContext, size: Int, plus: Bool) {
-        self.req = req; self.ctx = ctx; self.size = size; self.plus = plus
+        self.req = req
+        self.ctx = ctx
+        self.size = size
+        self.plus = plus
         buffer = .allocate(capacity: size)
     }
 

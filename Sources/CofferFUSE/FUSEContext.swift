@@ -24,8 +24,10 @@ final class FUSEContext: @unchecked Sendable {
     let pageFiller: PageCacheFiller?
     private let shutdownDone = Atomic<Bool>(false)
 
-    init(fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,
-         connOptions: OpaquePointer?, killPrivV2: Bool = true) {
+    init(
+        fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,
+        connOptions: OpaquePointer?, killPrivV2: Bool = true
+    ) {
         self.fs = fs
         self.timeouts = fs.cacheTimeouts
         self.logger = logger

@@ -31,8 +31,10 @@ public final class FUSEMount: @unchecked Sendable {
     /// libfuse's signal handlers point at one global session: only one mount per process installs them.
     private static let signalHandlerOwner = Mutex<ObjectIdentifier?>(nil)
 
-    public init(filesystem: any FileSystemOperations, mountpoint: String, options: FUSEMountOptions,
-                logger: Logger) throws {
+    public init(
+        filesystem: any FileSystemOperations, mountpoint: String, options: FUSEMountOptions,
+        logger: Logger
+    ) throws {
         self.filesystem = filesystem
         self.options = options
         self.logger = logger
@@ -109,14 +111,20 @@ public final class FUSEMount: @unchecked Sendable {
             return true
         }
         guard canStart else { throw FUSEMountError.alreadyRunning }
-        defer { state.withLock { $0.phase = .finished; $0.session = nil } }
+        defer {
+            state.withLock {
+                $0.phase = .finished
+                $0.session = nil
+            }
+        }
 
         // Arguments: argv[0], -o options, -d. libfuse may replace argv while parsing; we free what we allocated.
         let argvStrings = options.fuseArguments(filesystemReadOnly: filesystem.isReadOnly)
         let optionSummary = argvStrings.dropFirst().joined(separator: " ")
         if !options.droppedOptions.isEmpty {
-            logger.info("FUSE: ignoring mount options libfuse does not support",
-                        metadata: ["options": "\(options.droppedOptions.joined(separator: ","))"])
+            logger.info(
+                "FUSE: ignoring mount options libfuse does not support",
+                metadata: ["options": "\(options.droppedOptions.joined(separator: ","))"])
         }
         let ownArgv = UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>.allocate(capacity: argvStrings.count + 1)
         for (i, s) in argvStrings.enumerated() { ownArgv[i] = strdup(s) }
@@ -142,9 +150,10 @@ public final class FUSEMount: @unchecked Sendable {
             throw FUSEMountError.invalidOptions(optionSummary)
         }
         connOptions = parsed
-        let ctx = FUSEContext(fs: filesystem, logger: logger, maxWrite: min(options.maxWrite, 1 << 20),
-                              writebackRequested: options.writebackCache, connOptions: parsed,
-                              killPrivV2: options.killPrivV2)
+        let ctx = FUSEContext(
+            fs: filesystem, logger: logger, maxWrite: min(options.maxWrite, 1 << 20),
+            writebackRequested: options.writebackCache, connOptions: parsed,
+            killPrivV2: options.killPrivV2)
         context = ctx
 
         var ops = LowLevelOps.make()
@@ -161,7 +170,10 @@ public final class FUSEMount: @unchecked Sendable {
                 fuse_remove_signal_handlers(se)
                 Self.signalHandlerOwner.withLock { $0 = nil }
             }
-            state.withLock { $0.phase = .finished; $0.session = nil }
+            state.withLock {
+                $0.phase = .finished
+                $0.session = nil
+            }
             if mounted { fuse_session_unmount(se) }
             // A store blocked on a page a READ holds (no worker answers it now) ends when the connection does;
             // if it has not, the session must outlive it (the process is about to exit).
@@ -206,17 +218,20 @@ public final class FUSEMount: @unchecked Sendable {
         var io = KillPrivHook.customIO
         let ioResult = fuse_session_custom_io(se, &io, fuse_session_fd(se))
         if ioResult != 0 {
-            logger.info("FUSE: custom io refused; security.capability stays asked on every write",
-                        metadata: ["error": "\(String(cString: strerror(-ioResult)))"])
+            logger.info(
+                "FUSE: custom io refused; security.capability stays asked on every write",
+                metadata: ["error": "\(String(cString: strerror(-ioResult)))"])
         }
         state.withLock { s in
             s.session = SessionRef(pointer: se)
             s.phase = .running
             if s.exitRequested { fuse_session_exit(se) }
         }
-        logger.info("Mounted \(options.fsName) at \(mountpoint)", metadata: [
-            "type": "fuse.\(options.subtype)", "readOnly": "\(options.readOnly || filesystem.isReadOnly)",
-        ])
+        logger.info(
+            "Mounted \(options.fsName) at \(mountpoint)",
+            metadata: [
+                "type": "fuse.\(options.subtype)", "readOnly": "\(options.readOnly || filesystem.isReadOnly)"
+            ])
 
         ctx.pageFiller?.start(session: se)
         startWatcher(deviceBefore: deviceBefore, context: ctx, onReady: onReady)
@@ -235,7 +250,10 @@ public final class FUSEMount: @unchecked Sendable {
             fuse_loop_cfg_destroy(config)
         }
         // Stop answering, then unmount and destroy (deferred above), which calls shutdown.
-        state.withLock { $0.phase = .finished; $0.session = nil }
+        state.withLock {
+            $0.phase = .finished
+            $0.session = nil
+        }
         onStopping?()
         if result < 0 {
             logger.error("FUSE loop failed", metadata: ["error": "\(String(cString: strerror(-result)))"])

@@ -99,9 +99,21 @@ extension FUSEMountOptions {
         var current = ""
         var escaped = false
         for ch in option {
-            if escaped { current.append(ch); escaped = false; continue }
-            if ch == "\\" { current.append(ch); escaped = true; continue }
-            if ch == "," { if !current.isEmpty { parts.append(current) }; current = ""; continue }
+            if escaped {
+                current.append(ch)
+                escaped = false
+                continue
+            }
+            if ch == "\\" {
+                current.append(ch)
+                escaped = true
+                continue
+            }
+            if ch == "," {
+                if !current.isEmpty { parts.append(current) }
+                current = ""
+                continue
+            }
             current.append(ch)
         }
         if !current.isEmpty { parts.append(current) }
@@ -125,8 +137,10 @@ extension FUSEMountOptions {
 
     /// Atime flags that libfuse 3.14's fuse_session_new rejects ("unknown option"). relatime is the kernel's
     /// default for a FUSE mount anyway, and atime on FUSE is the filesystem's business: they are dropped.
-    static let ignoredOptions: Set<String> = ["relatime", "norelatime", "strictatime", "nostrictatime",
-                                              "nodiratime", "diratime"]
+    static let ignoredOptions: Set<String> = [
+        "relatime", "norelatime", "strictatime", "nostrictatime",
+        "nodiratime", "diratime"
+    ]
 
     /// The passthrough options that `fuseOptionList` drops (for a log line).
     var droppedOptions: [String] {

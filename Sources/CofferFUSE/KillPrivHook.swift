@@ -47,7 +47,11 @@ final class KillPrivHook: Sendable {
     // MARK: - Wire layout (include/uapi/linux/fuse.h)
 
     private enum Opcode: UInt32 {
-        case setattr = 4, open = 14, write = 16, `init` = 26, create = 35
+        case setattr = 4
+        case open = 14
+        case write = 16
+        case `init` = 26
+        case create = 35
     }
     /// sizeof(struct fuse_in_header): len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding.
     private static let inHeaderSize = 40
@@ -70,8 +74,10 @@ final class KillPrivHook: Sendable {
 
     // MARK: - Callbacks
 
-    private static func read(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int,
-                             _ userdata: UnsafeMutableRawPointer?) -> Int {
+    private static func read(
+        _ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int,
+        _ userdata: UnsafeMutableRawPointer?
+    ) -> Int {
         let n = context(userdata)?.reader.read(fd, buf, len) ?? Glibc.read(fd, buf, len)
         guard n >= inHeaderSize, let buf else {
             let saved = errno  // libfuse reads errno after a failed read
@@ -85,10 +91,10 @@ final class KillPrivHook: Sendable {
         let body = inHeaderSize
         var kill = false
         switch Opcode(rawValue: opcode) {
-        case .write?: kill = (u32(body + 20) ?? 0) & 1 << 2 != 0         // fuse_write_in.write_flags
-        case .setattr?: kill = (u32(body) ?? 0) & 1 << 11 != 0          // fuse_setattr_in.valid
-        case .open?: kill = (u32(body + 4) ?? 0) & 1 << 0 != 0          // fuse_open_in.open_flags
-        case .create?: kill = (u32(body + 12) ?? 0) & 1 << 0 != 0       // fuse_create_in.open_flags
+        case .write?: kill = (u32(body + 20) ?? 0) & 1 << 2 != 0  // fuse_write_in.write_flags
+        case .setattr?: kill = (u32(body) ?? 0) & 1 << 11 != 0  // fuse_setattr_in.valid
+        case .open?: kill = (u32(body + 4) ?? 0) & 1 << 0 != 0  // fuse_open_in.open_flags
+        case .create?: kill = (u32(body + 12) ?? 0) & 1 << 0 != 0  // fuse_create_in.open_flags
         case .`init`?:
             // fuse_init_in: major, minor, max_readahead, flags
             if let flags = u32(body + 12), flags & handleKillPrivV2 != 0, let hook = hook(userdata), hook.enabled {
@@ -100,8 +106,10 @@ final class KillPrivHook: Sendable {
         return n
     }
 
-    private static func writev(_ fd: Int32, _ iov: UnsafeMutablePointer<iovec>?, _ count: Int32,
-                               _ userdata: UnsafeMutableRawPointer?) -> Int {
+    private static func writev(
+        _ fd: Int32, _ iov: UnsafeMutablePointer<iovec>?, _ count: Int32,
+        _ userdata: UnsafeMutableRawPointer?
+    ) -> Int {
         if let iov, count > 0, iov[0].iov_len >= outHeaderSize, let base = iov[0].iov_base, let hook = hook(userdata) {
             let pending = hook.pendingInit.load(ordering: .acquiring)
             if pending != 0 && base.loadUnaligned(fromByteOffset: 8, as: UInt64.self) == pending {

@@ -19,11 +19,16 @@ extension LowLevelOps {
         }
     }
 
-    static func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t,
-                        _ fi: UnsafeMutablePointer<fuse_file_info>?, plus: Bool) {
+    static func readdir(
+        _ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?, plus: Bool
+    ) {
         serve(req) { ctx throws(FSError) in
             let handle = try given(fi, else: .badHandle).pointee.fh
-            guard size > 0 else { fuse_reply_buf(req, nil, 0); return }
+            guard size > 0 else {
+                fuse_reply_buf(req, nil, 0)
+                return
+            }
             let reply = DirectoryReply(req, ctx, size: size, plus: plus)
             var cookie = Int64(off)
             fill: while reply.hasRoom {
@@ -54,8 +59,10 @@ extension LowLevelOps {
         replyOK(req)
     }
 
-    static func fsyncdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ datasync: Int32,
-                         _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func fsyncdir(
+        _ req: fuse_req_t?, _ ino: fuse_ino_t, _ datasync: Int32,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { ctx throws(FSError) in
             let fi = try given(fi, else: .badHandle)
             try ctx.fs.fsyncdir(ino, handle: fi.pointee.fh, dataOnly: datasync != 0)

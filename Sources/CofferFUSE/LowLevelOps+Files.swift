@@ -34,8 +34,10 @@ extension LowLevelOps {
         }
     }
 
-    static func create(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t,
-                       _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func create(
+        _ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { ctx throws(FSError) in
             let name = try Self.name(name), fi = try given(fi, else: .invalid)
             // Without handles a CREATE buys nothing over MKNOD but its RELEASE, a round trip per new file (the
@@ -43,9 +45,10 @@ extension LowLevelOps {
             // After ENOSYS here the kernel creates with MKNOD, sends OPEN once (answered ENOSYS) and no
             // RELEASE; O_EXCL still holds (the kernel marks the file created before its fallback).
             if ctx.fs.opensWithoutHandles { throw FSError(ENOSYS) }
-            let (attributes, result) = try ctx.fs.create(parent: parent, name: name, mode: mode,
-                                                         flags: effectiveFlags(ctx, fi.pointee.flags),
-                                                         caller: caller(req))
+            let (attributes, result) = try ctx.fs.create(
+                parent: parent, name: name, mode: mode,
+                flags: effectiveFlags(ctx, fi.pointee.flags),
+                caller: caller(req))
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
             fi.pointee.noflush = 1
@@ -57,8 +60,10 @@ extension LowLevelOps {
         }
     }
 
-    static func read(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t,
-                     _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func read(
+        _ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { ctx throws(FSError) in
             let fi = try given(fi, else: .badHandle)
             guard off >= 0, size >= 0 else { throw .invalid }
@@ -76,18 +81,21 @@ extension LowLevelOps {
             r.bytes.withUnsafeBytes { raw in
                 _ = fuse_reply_buf(req, raw.baseAddress.map { $0.advanced(by: from).assumingMemoryBound(to: CChar.self) }, n)
             }
-            filler.offer(ino: ino, start: r.start, bytes: r.bytes, asked: from ..< from + n)
+            filler.offer(ino: ino, start: r.start, bytes: r.bytes, asked: from..<from + n)
         }
     }
 
-    static func write(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ buf: UnsafePointer<CChar>?, _ size: Int, _ off: off_t,
-                      _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func write(
+        _ req: fuse_req_t?, _ ino: fuse_ino_t, _ buf: UnsafePointer<CChar>?, _ size: Int, _ off: off_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { ctx throws(FSError) in
             let fi = try given(fi, else: .badHandle)
             guard off >= 0, size >= 0, buf != nil || size == 0 else { throw .invalid }
             if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_WRITE_KILL_SUIDGID
-            let written = try ctx.fs.write(ino, handle: fi.pointee.fh, offset: UInt64(off),
-                                           data: UnsafeRawBufferPointer(start: buf, count: size))
+            let written = try ctx.fs.write(
+                ino, handle: fi.pointee.fh, offset: UInt64(off),
+                data: UnsafeRawBufferPointer(start: buf, count: size))
             fuse_reply_write(req, max(0, min(written, size)))
         }
     }
@@ -97,16 +105,20 @@ extension LowLevelOps {
         replyOK(req)
     }
 
-    static func fsync(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ datasync: Int32,
-                      _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func fsync(
+        _ req: fuse_req_t?, _ ino: fuse_ino_t, _ datasync: Int32,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { ctx throws(FSError) in
             try ctx.fs.fsync(ino, handle: fi.map { $0.pointee.fh }, dataOnly: datasync != 0)
             replyOK(req)
         }
     }
 
-    static func fallocate(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ mode: Int32, _ off: off_t, _ length: off_t,
-                          _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func fallocate(
+        _ req: fuse_req_t?, _ ino: fuse_ino_t, _ mode: Int32, _ off: off_t, _ length: off_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { ctx throws(FSError) in
             let fi = try given(fi, else: .badHandle)
             guard off >= 0, length > 0 else { throw .invalid }

@@ -9,7 +9,7 @@ extension LowLevelOps {
             let name = try Self.name(name)
             do throws(FSError) {
                 replyEntry(ctx, req, try ctx.fs.lookup(parent: parent, name: name))
-            } catch where error.errno == ENOENT && ctx.timeouts.negativeEntry > 0 {
+            } catch  where error.errno == ENOENT && ctx.timeouts.negativeEntry > 0 {
                 // A negative entry (ino 0) lets the kernel cache the absence.
                 var e = fuse_entry_param()
                 e.ino = 0
@@ -40,12 +40,16 @@ extension LowLevelOps {
         }
     }
 
-    static func setattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>?, _ toSet: Int32,
-                        _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func setattr(
+        _ req: fuse_req_t?, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>?, _ toSet: Int32,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { ctx throws(FSError) in
             let st = try given(attr, else: .invalid).pointee
-            var out = try ctx.fs.setattr(ino, changes: try changes(st, toSet, ino), handle: fi.map { $0.pointee.fh },
-                                         caller: caller(req)).statValue
+            var out = try ctx.fs.setattr(
+                ino, changes: try changes(st, toSet, ino), handle: fi.map { $0.pointee.fh },
+                caller: caller(req)
+            ).statValue
             fuse_reply_attr(req, &out, ctx.timeouts.attributes)
         }
     }
@@ -84,8 +88,10 @@ extension LowLevelOps {
 
     // MARK: - Namespace changes
 
-    static func mknod(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t,
-                      _ rdev: dev_t) {
+    static func mknod(
+        _ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t,
+        _ rdev: dev_t
+    ) {
         serve(req) { ctx throws(FSError) in
             let name = try Self.name(name)
             replyEntry(ctx, req, try ctx.fs.mknod(parent: parent, name: name, mode: mode, rdev: UInt64(rdev), caller: caller(req)))
@@ -113,16 +119,20 @@ extension LowLevelOps {
         }
     }
 
-    static func symlink(_ req: fuse_req_t?, _ target: UnsafePointer<CChar>?, _ parent: fuse_ino_t,
-                        _ name: UnsafePointer<CChar>?) {
+    static func symlink(
+        _ req: fuse_req_t?, _ target: UnsafePointer<CChar>?, _ parent: fuse_ino_t,
+        _ name: UnsafePointer<CChar>?
+    ) {
         serve(req) { ctx throws(FSError) in
             let name = try Self.name(name), target = try Self.name(target)
             replyEntry(ctx, req, try ctx.fs.symlink(parent: parent, name: name, target: target, caller: caller(req)))
         }
     }
 
-    static func rename(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?,
-                       _ newParent: fuse_ino_t, _ newName: UnsafePointer<CChar>?, _ flags: UInt32) {
+    static func rename(
+        _ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?,
+        _ newParent: fuse_ino_t, _ newName: UnsafePointer<CChar>?, _ flags: UInt32
+    ) {
         serve(req) { ctx throws(FSError) in
             let name = try Self.name(name), newName = try Self.name(newName)
             let renameFlags = RenameFlags(rawValue: flags)

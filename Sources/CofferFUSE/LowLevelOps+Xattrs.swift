@@ -4,8 +4,10 @@ import Glibc
 
 /// Extended attributes: set, get, list, remove.
 extension LowLevelOps {
-    static func setxattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ name: UnsafePointer<CChar>?,
-                         _ value: UnsafePointer<CChar>?, _ size: Int, _ flags: Int32) {
+    static func setxattr(
+        _ req: fuse_req_t?, _ ino: fuse_ino_t, _ name: UnsafePointer<CChar>?,
+        _ value: UnsafePointer<CChar>?, _ size: Int, _ flags: Int32
+    ) {
         serve(req) { ctx throws(FSError) in
             let name = try Self.name(name)
             guard size >= 0, value != nil || size == 0 else { throw .invalid }

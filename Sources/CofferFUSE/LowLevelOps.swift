@@ -56,7 +56,10 @@ enum LowLevelOps {
     /// throws is the reply (EIO when the request has no context). Every op that answers goes through here.
     @inline(__always)
     static func serve(_ req: fuse_req_t?, _ body: (FUSEContext) throws(FSError) -> Void) {
-        guard let req, let raw = fuse_req_userdata(req) else { fuse_reply_err(req, EIO); return }
+        guard let req, let raw = fuse_req_userdata(req) else {
+            fuse_reply_err(req, EIO)
+            return
+        }
         let ctx = Unmanaged<FUSEContext>.fromOpaque(raw).takeUnretainedValue()
         do { try body(ctx) } catch { fuse_reply_err(req, error.errno > 0 ? error.errno : EIO) }
     }
@@ -138,11 +141,13 @@ enum LowLevelOps {
         let granted = conn.pointee.want & UInt32(bitPattern: FUSE_CAP_WRITEBACK_CACHE) != 0
         ctx.writebackGranted.store(granted, ordering: .releasing)
         ctx.fs.writebackCacheGranted(granted)
-        ctx.logger.debug("FUSE init", metadata: [
-            "proto": "\(conn.pointee.proto_major).\(conn.pointee.proto_minor)",
-            "max_write": "\(conn.pointee.max_write)",
-            "writeback_cache": "\(granted)",
-        ])
+        ctx.logger.debug(
+            "FUSE init",
+            metadata: [
+                "proto": "\(conn.pointee.proto_major).\(conn.pointee.proto_minor)",
+                "max_write": "\(conn.pointee.max_write)",
+                "writeback_cache": "\(granted)"
+            ])
     }
 
     static func destroy(_ userdata: UnsafeMutableRawPointer?) {

@@ -31,7 +31,11 @@ final class RequestReader: Sendable {
     /// How often a parked worker looks whether the reader's place is free (milliseconds).
     static let busyLook: Int32 = 1, idleLook: Int32 = 100
 
-    private enum Place: Int { case free = 0, spinning = 1, sleeping = 2 }
+    private enum Place: Int {
+        case free = 0
+        case spinning = 1
+        case sleeping = 2
+    }
 
     private let spinNanoseconds: Int64
     /// Who reads now (`Place`).
@@ -62,8 +66,10 @@ final class RequestReader: Sendable {
         }
         while true {
             let n: Int, error: Int32
-            if place.compareExchange(expected: Place.free.rawValue, desired: Place.spinning.rawValue,
-                                     ordering: .acquiringAndReleasing).exchanged {
+            if place.compareExchange(
+                expected: Place.free.rawValue, desired: Place.spinning.rawValue,
+                ordering: .acquiringAndReleasing
+            ).exchanged {
                 (n, error) = take(fd, buf, len)
                 place.store(Place.free.rawValue, ordering: .releasing)
             } else {
@@ -71,7 +77,10 @@ final class RequestReader: Sendable {
                 // worker busy), and park only when there is none.
                 n = Glibc.read(fd, buf, len)
                 error = n < 0 ? errno : 0
-                if n < 0 && error == EAGAIN { park(); continue }
+                if n < 0 && error == EAGAIN {
+                    park()
+                    continue
+                }
             }
             if parked.load(ordering: .acquiring) > 0 && (n < 0 || Self.isRead(buf, n) || Self.pending(fd)) { handOver() }
             errno = error
@@ -109,7 +118,10 @@ final class RequestReader: Sendable {
             if n >= 0 { return (n, 0) }
             let error = errno
             guard error == EAGAIN else { return (n, error) }
-            if spinning && !slept && Self.now() - start < spinNanoseconds { sched_yield(); continue }
+            if spinning && !slept && Self.now() - start < spinNanoseconds {
+                sched_yield()
+                continue
+            }
             if !slept {
                 slept = true
                 place.store(Place.sleeping.rawValue, ordering: .releasing)

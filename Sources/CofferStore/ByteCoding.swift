@@ -32,11 +32,13 @@ public struct ByteWriter {
     public mutating func raw<C: Collection>(_ b: C) where C.Element == UInt8 { bytes.append(contentsOf: b) }
     /// 16-bit length prefix; callers keep values under their field limits.
     public mutating func short<C: Collection>(_ b: C) where C.Element == UInt8 {
-        u16(UInt16(truncatingIfNeeded: b.count)); bytes.append(contentsOf: b)
+        u16(UInt16(truncatingIfNeeded: b.count))
+        bytes.append(contentsOf: b)
     }
     /// 32-bit length prefix.
     public mutating func long<C: Collection>(_ b: C) where C.Element == UInt8 {
-        u32(UInt32(truncatingIfNeeded: b.count)); bytes.append(contentsOf: b)
+        u32(UInt32(truncatingIfNeeded: b.count))
+        bytes.append(contentsOf: b)
     }
     private mutating func appendBigEndian(_ v: UInt64, count: Int) {
         for i in stride(from: count - 1, through: 0, by: -1) { bytes.append(UInt8(truncatingIfNeeded: v >> (UInt64(i) * 8))) }
@@ -59,7 +61,7 @@ public struct ByteReader {
     public mutating func raw(_ count: Int) throws(DecodeError) -> [UInt8] {
         guard count >= 0, count <= remaining else { throw .truncated }
         defer { position += count }
-        return Array(bytes[position ..< position + count])
+        return Array(bytes[position..<position + count])
     }
     public mutating func short(field: String, limit: Int) throws(DecodeError) -> [UInt8] {
         let n = Int(try u16())
@@ -78,7 +80,7 @@ public struct ByteReader {
     private mutating func bigEndian(_ count: Int) throws(DecodeError) -> UInt64 {
         guard count <= remaining else { throw .truncated }
         var v: UInt64 = 0
-        for i in 0 ..< count { v = (v << 8) | UInt64(bytes[position + i]) }
+        for i in 0..<count { v = (v << 8) | UInt64(bytes[position + i]) }
         position += count
         return v
     }
@@ -87,6 +89,6 @@ public struct ByteReader {
 extension UInt64 {
     /// Big-endian bytes, for ids inside associated data and tags.
     @inlinable var bigEndianBytes: [UInt8] {
-        (0 ..< 8).map { UInt8(truncatingIfNeeded: self >> (UInt64(7 - $0) * 8)) }
+        (0..<8).map { UInt8(truncatingIfNeeded: self >> (UInt64(7 - $0) * 8)) }
     }
 }

@@ -7,7 +7,10 @@ public struct ChunkTag: Hashable, Sendable, CustomStringConvertible {
     public static let hole = ChunkTag(high: 0, low: 0)
     public static let byteCount = 16
 
-    public init(high: UInt64, low: UInt64) { self.high = high; self.low = low }
+    public init(high: UInt64, low: UInt64) {
+        self.high = high
+        self.low = low
+    }
 
     /// The tag of a sealed chunk (its last 16 bytes); nil if it is too short to be one.
     public init?(sealed: UnsafeRawBufferPointer) {
@@ -25,7 +28,10 @@ public struct ChunkTag: Hashable, Sendable, CustomStringConvertible {
     public var isHole: Bool { high == 0 && low == 0 }
     public var description: String { isHole ? "hole" : String(high, radix: 16) + String(low, radix: 16) }
 
-    func write(to w: inout ByteWriter) { w.u64(high); w.u64(low) }
+    func write(to w: inout ByteWriter) {
+        w.u64(high)
+        w.u64(low)
+    }
     static func read(from r: inout ByteReader) throws(DecodeError) -> ChunkTag {
         ChunkTag(high: try r.u64(), low: try r.u64())
     }
@@ -36,7 +42,10 @@ public struct ChunkMapPageRef: Equatable, Sendable {
     public var page: UInt64
     /// Random and non-zero, new on every rewrite of the page: an older copy does not open.
     public var version: UInt64
-    public init(page: UInt64, version: UInt64) { self.page = page; self.version = version }
+    public init(page: UInt64, version: UInt64) {
+        self.page = page
+        self.version = version
+    }
 }
 
 /// Where a file's chunk map lives, as the sealed inode records it: inline (positions 0..<n, n ≤ 8)
@@ -55,11 +64,16 @@ public enum ChunkMapRoot: Equatable, Sendable {
     func write(to w: inout ByteWriter) {
         switch self {
         case .inline(let tags):
-            w.u8(0); w.u8(UInt8(tags.count))
+            w.u8(0)
+            w.u8(UInt8(tags.count))
             for t in tags { t.write(to: &w) }
         case .paged(let pages):
-            w.u8(1); w.u32(UInt32(pages.count))
-            for p in pages { w.u64(p.page); w.u64(p.version) }
+            w.u8(1)
+            w.u32(UInt32(pages.count))
+            for p in pages {
+                w.u64(p.page)
+                w.u64(p.version)
+            }
         }
     }
 
@@ -70,14 +84,14 @@ public enum ChunkMapRoot: Equatable, Sendable {
             guard n <= inlineLimit else { throw .invalidValue("inline chunk map too long") }
             var tags: [ChunkTag] = []
             tags.reserveCapacity(n)
-            for _ in 0 ..< n { tags.append(try ChunkTag.read(from: &r)) }
+            for _ in 0..<n { tags.append(try ChunkTag.read(from: &r)) }
             return .inline(tags)
         case 1:
             let n = Int(try r.u32())
             guard n >= 1, n <= maxPages, n * 16 <= r.remaining else { throw .invalidValue("chunk map page count") }
             var pages: [ChunkMapPageRef] = []
             pages.reserveCapacity(n)
-            for _ in 0 ..< n {
+            for _ in 0..<n {
                 let ref = ChunkMapPageRef(page: try r.u64(), version: try r.u64())
                 guard ref.version != 0, pages.last.map({ $0.page < ref.page }) ?? true else {
                     throw .invalidValue("chunk map pages out of order")
@@ -113,7 +127,7 @@ public struct ChunkMapPageTransformer: EntityTransformer {
         guard n <= ChunkMapRoot.positionsPerPage else { throw .invalidValue("chunk map page too long") }
         var tags: [ChunkTag] = []
         tags.reserveCapacity(n)
-        for _ in 0 ..< n { tags.append(try ChunkTag.read(from: &r)) }
+        for _ in 0..<n { tags.append(try ChunkTag.read(from: &r)) }
         try r.finish()
         return tags
     }

@@ -47,8 +47,10 @@ public final class Container: @unchecked Sendable {
 
     /// The container's entity store over its engine: the SQLite file beside the header, or the
     /// schema's tables. `reconnectWait`: how long a PostgreSQL store waits for a lost server.
-    public func openStore(keys: ContainerKeys, registry: TransformerRegistry = .standard, readOnly: Bool = false,
-                          reconnectWait: Double = 30) throws -> EntityStore {
+    public func openStore(
+        keys: ContainerKeys, registry: TransformerRegistry = .standard, readOnly: Bool = false,
+        reconnectWait: Double = 30
+    ) throws -> EntityStore {
         switch location {
         case .directory: return try EntityStore.open(at: try storePath(), keys: keys, registry: registry, readOnly: readOnly)
         case .postgres(let p):
@@ -95,8 +97,11 @@ public final class Container: @unchecked Sendable {
         guard !h.slots.isEmpty else { throw .headerDamaged("no key slots") }
         for slot in h.slots {
             guard let sid = [UInt8](hex: slot.id), sid.count == 8 else { throw .headerDamaged("slot id") }
-            if slot.kind != .recovery { try kdfChoice(slot.kdf).validate() }
-            else if slot.kdf.algorithm != "hkdf" { throw .headerDamaged("recovery slot kdf") }
+            if slot.kind != .recovery {
+                try kdfChoice(slot.kdf).validate()
+            } else if slot.kdf.algorithm != "hkdf" {
+                throw .headerDamaged("recovery slot kdf")
+            }
         }
         guard Data(base64Encoded: h.mac)?.count == 32 else { throw .headerDamaged("mac") }
     }
@@ -143,7 +148,7 @@ public final class Container: @unchecked Sendable {
         let aead = try AESGCM(key: kek)
         kek.wipe()
         let opened = try aead.open([UInt8](wrapped), aad: Self.slotAAD(containerId: containerId, slot: slot))
-        defer { _ = opened } // plain array: keep its lifetime short
+        defer { _ = opened }  // plain array: keep its lifetime short
         guard opened.count == 32 else { throw ContainerError.headerDamaged("wrapped key length") }
         return SecureBytes(copying: opened)
     }
@@ -179,7 +184,8 @@ public final class Container: @unchecked Sendable {
     /// Creates a new container of either kind with one password slot (and a recovery slot unless
     /// asked not to). Returns the container, its keys and the recovery key text to show once.
     public static func create(_ location: ContainerLocation, password: SecureBytes, options: CreateOptions) throws(ContainerError)
-        -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
+        -> (container: Container, keys: ContainerKeys, recoveryKey: String?)
+    {
         switch location {
         case .directory(let path): return try create(at: path, password: password, options: options)
         case .postgres(let p): return try create(p, password: password, options: options)
@@ -189,7 +195,8 @@ public final class Container: @unchecked Sendable {
     /// Creates a new container directory with one password slot (and a recovery slot unless asked
     /// not to). Returns the container, its keys and the recovery key text to show once.
     public static func create(at path: String, password: SecureBytes, options: CreateOptions) throws(ContainerError)
-        -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
+        -> (container: Container, keys: ContainerKeys, recoveryKey: String?)
+    {
         try options.kdf.validate()
         let root = absolutePath(path)
         var st = stat()
@@ -211,8 +218,13 @@ public final class Container: @unchecked Sendable {
             try container.writeHeader(keys: keys)
             return (container, keys, recoveryText)
         } catch {
-            if createdDirectory { try? FileManager.default.removeItem(atPath: root) }
-            else { for f in (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? [] { try? FileManager.default.removeItem(atPath: root + "/" + f) } }
+            if createdDirectory {
+                try? FileManager.default.removeItem(atPath: root)
+            } else {
+                for f in (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? [] {
+                    try? FileManager.default.removeItem(atPath: root + "/" + f)
+                }
+            }
             if let e = error as? ContainerError { throw e }
             throw .io("cannot create the container: \(error)")
         }
@@ -221,21 +233,24 @@ public final class Container: @unchecked Sendable {
     /// A new container's keys and header with its slots (not written yet). The `store` field is
     /// `store.db` for either kind (PostgreSQL ignores it), so a header copies between engines as it is.
     private static func newHeader(password: SecureBytes, options: CreateOptions, make: (ContainerHeader) -> Container) throws
-        -> (Container, ContainerKeys, String?) {
+        -> (Container, ContainerKeys, String?)
+    {
         let id = try Random.bytes(16)
         let master = try SecureBytes.random(count: 32)
         defer { master.wipe() }
         let keys = try ContainerKeys(master: master, containerId: id)
-        let container = make(ContainerHeader(
-            format: ContainerHeader.formatName, version: ContainerHeader.currentVersion,
-            containerId: id.hexString, cipher: ContainerHeader.supportedCipher, chunkSize: options.chunkSize,
-            store: SQLiteBackend.fileName, features: [], slots: [], mac: ""))
+        let container = make(
+            ContainerHeader(
+                format: ContainerHeader.formatName, version: ContainerHeader.currentVersion,
+                containerId: id.hexString, cipher: ContainerHeader.supportedCipher, chunkSize: options.chunkSize,
+                store: SQLiteBackend.fileName, features: [], slots: [], mac: ""))
         container.header.slots.append(try container.makeSlot(kind: .password, secret: password, kdf: options.kdf, master: master, label: "password"))
         var recoveryText: String?
         if options.withRecoveryKey {
             let recovery = try SecureBytes.random(count: 32)
             defer { recovery.wipe() }
-            container.header.slots.append(try container.makeSlot(kind: .recovery, secret: recovery, kdf: options.kdf, master: master, label: "recovery key"))
+            container.header.slots.append(
+                try container.makeSlot(kind: .recovery, secret: recovery, kdf: options.kdf, master: master, label: "recovery key"))
             recoveryText = RecoveryKey.format(recovery)
         }
         return (container, keys, recoveryText)
@@ -248,7 +263,8 @@ public final class Container: @unchecked Sendable {
     /// A container in a new schema: the schema, its tables, the header row and the store's first
     /// rows in one transaction (all or nothing). A schema by that name already there is refused.
     private static func create(_ location: PostgresLocation, password: SecureBytes, options: CreateOptions) throws(ContainerError)
-        -> (container: Container, keys: ContainerKeys, recoveryKey: String?) {
+        -> (container: Container, keys: ContainerKeys, recoveryKey: String?)
+    {
         try options.kdf.validate()
         guard try !PostgresHeader.exists(location) else { throw .alreadyExists(location.display) }
         do {
@@ -286,7 +302,8 @@ public final class Container: @unchecked Sendable {
 
     /// Adds a slot; the header is rewritten and re-authenticated. Returns the new slot's id.
     @discardableResult
-    public func addSlot(kind: KeySlot.Kind, secret: SecureBytes, kdf: KDFChoice, label: String?, keys: ContainerKeys) throws(ContainerError) -> String {
+    public func addSlot(kind: KeySlot.Kind, secret: SecureBytes, kdf: KDFChoice, label: String?, keys: ContainerKeys) throws(ContainerError) -> String
+    {
         if kind != .recovery { try kdf.validate() }
         let master = keys.copyMaster()
         defer { master.wipe() }
@@ -353,7 +370,10 @@ public struct Secret: Sendable {
     public enum Kind: Sendable { case password, keyFile, recoveryKey }
     public let kind: Kind
     public let bytes: SecureBytes
-    public init(kind: Kind, bytes: SecureBytes) { self.kind = kind; self.bytes = bytes }
+    public init(kind: Kind, bytes: SecureBytes) {
+        self.kind = kind
+        self.bytes = bytes
+    }
 
     /// A password that is really a recovery key (the printed form) unlocks recovery slots.
     public static func fromPassword(_ password: SecureBytes) -> Secret {
@@ -377,7 +397,8 @@ public enum RecoveryKey {
         var i = hex.startIndex
         while i < hex.endIndex {
             let j = hex.index(i, offsetBy: 8, limitedBy: hex.endIndex) ?? hex.endIndex
-            groups.append(String(hex[i ..< j])); i = j
+            groups.append(String(hex[i..<j]))
+            i = j
         }
         return groups.joined(separator: "-")
     }
@@ -390,15 +411,15 @@ public enum RecoveryKey {
             for c in raw {
                 switch c {
                 case UInt8(ascii: "-"), UInt8(ascii: " "), UInt8(ascii: "\n"): continue
-                case UInt8(ascii: "0") ... UInt8(ascii: "9"): digits.append(c - 48)
-                case UInt8(ascii: "a") ... UInt8(ascii: "f"): digits.append(c - 87)
-                case UInt8(ascii: "A") ... UInt8(ascii: "F"): digits.append(c - 55)
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): digits.append(c - 48)
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): digits.append(c - 87)
+                case UInt8(ascii: "A")...UInt8(ascii: "F"): digits.append(c - 55)
                 default: return nil
                 }
             }
             guard digits.count == 64 else { return nil }
             let key = SecureBytes(count: 32)
-            key.withUnsafeMutableBytes { k in for i in 0 ..< 32 { k[i] = digits[2 * i] << 4 | digits[2 * i + 1] } }
+            key.withUnsafeMutableBytes { k in for i in 0..<32 { k[i] = digits[2 * i] << 4 | digits[2 * i + 1] } }
             return key
         }
     }

@@ -50,7 +50,9 @@ public struct PostgresLocation: Sendable, Equatable {
                     throw .notAContainer("container name in the URI is not valid percent-encoding")
                 }
                 names.append(name)
-            } else { kept.append(p) }
+            } else {
+                kept.append(p)
+            }
         }
         guard names.count <= 1 else { throw .notAContainer("the URI names more than one container") }
         let name = names.first ?? Self.defaultContainer
@@ -78,9 +80,10 @@ public struct PostgresLocation: Sendable, Equatable {
 /// never SQL and never folds case.
 enum PostgresIdentifier {
     static func isValid(_ name: String) -> Bool {
-        guard (1 ... 63).contains(name.utf8.count), !name.lowercased().hasPrefix("pg_"),
-              let first = name.unicodeScalars.first, !("0" ... "9").contains(first) else { return false }
-        return name.unicodeScalars.allSatisfy { $0 == "_" || ("a" ... "z").contains($0) || ("A" ... "Z").contains($0) || ("0" ... "9").contains($0) }
+        guard (1...63).contains(name.utf8.count), !name.lowercased().hasPrefix("pg_"),
+            let first = name.unicodeScalars.first, !("0"..."9").contains(first)
+        else { return false }
+        return name.unicodeScalars.allSatisfy { $0 == "_" || ("a"..."z").contains($0) || ("A"..."Z").contains($0) || ("0"..."9").contains($0) }
     }
 
     /// `"name"` (valid names hold no quote, so no escaping is needed).

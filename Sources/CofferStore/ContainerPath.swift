@@ -60,8 +60,12 @@ public enum ContainerPathTransformer {
 
     public static func encode(_ stored: StoredPath, into w: inout ByteWriter) {
         switch stored {
-        case .relative(let p): w.u8(1); w.short(p)
-        case .verbatim(let p): w.u8(0); w.short(p)
+        case .relative(let p):
+            w.u8(1)
+            w.short(p)
+        case .verbatim(let p):
+            w.u8(0)
+            w.short(p)
         }
     }
 
@@ -71,8 +75,12 @@ public enum ContainerPathTransformer {
         let bytes = try r.short(field: "path", limit: maxLength)
         do {
             switch tag {
-            case 0: try validate(bytes); return .verbatim(bytes)
-            case 1: try validateRelative(bytes); return .relative(bytes)
+            case 0:
+                try validate(bytes)
+                return .verbatim(bytes)
+            case 1:
+                try validateRelative(bytes)
+                return .relative(bytes)
             default: throw DecodeError.invalidValue("path tag \(tag)")
             }
         } catch let e as PathError {

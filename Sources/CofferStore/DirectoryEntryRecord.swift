@@ -6,7 +6,11 @@ public struct DirectoryEntryRecord: Equatable, Sendable {
     public var ino: UInt64
     /// File type bits (S_IFMT part of the mode), so readdir needs no inode reads.
     public var type: UInt32
-    public init(name: [UInt8], ino: UInt64, type: UInt32) { self.name = name; self.ino = ino; self.type = type }
+    public init(name: [UInt8], ino: UInt64, type: UInt32) {
+        self.name = name
+        self.ino = ino
+        self.type = type
+    }
 }
 
 public struct DirectoryEntryTransformer: EntityTransformer {
@@ -16,7 +20,10 @@ public struct DirectoryEntryTransformer: EntityTransformer {
 
     public func encode(_ v: DirectoryEntryRecord) -> [UInt8] {
         var w = ByteWriter(capacity: v.name.count + 16)
-        w.u8(1); w.short(v.name); w.u64(v.ino); w.u32(v.type)
+        w.u8(1)
+        w.short(v.name)
+        w.u64(v.ino)
+        w.u32(v.type)
         return w.bytes
     }
     public func decode(_ bytes: [UInt8]) throws(DecodeError) -> DirectoryEntryRecord {
@@ -37,7 +44,10 @@ public struct ExtendedAttributeRecord: Equatable, Sendable {
     public static let maxValueLength = 65536
     public var name: [UInt8]
     public var value: [UInt8]
-    public init(name: [UInt8], value: [UInt8]) { self.name = name; self.value = value }
+    public init(name: [UInt8], value: [UInt8]) {
+        self.name = name
+        self.value = value
+    }
 }
 
 public struct ExtendedAttributeTransformer: EntityTransformer {
@@ -46,7 +56,9 @@ public struct ExtendedAttributeTransformer: EntityTransformer {
     public init() {}
     public func encode(_ v: ExtendedAttributeRecord) -> [UInt8] {
         var w = ByteWriter(capacity: v.name.count + v.value.count + 8)
-        w.u8(1); w.short(v.name); w.long(v.value)
+        w.u8(1)
+        w.short(v.name)
+        w.long(v.value)
         return w.bytes
     }
     public func decode(_ bytes: [UInt8]) throws(DecodeError) -> ExtendedAttributeRecord {
@@ -64,7 +76,10 @@ public struct ExtendedAttributeTransformer: EntityTransformer {
 public struct StoreStateRecord: Equatable, Sendable {
     public var generation: UInt64
     public var containerId: [UInt8]
-    public init(generation: UInt64, containerId: [UInt8]) { self.generation = generation; self.containerId = containerId }
+    public init(generation: UInt64, containerId: [UInt8]) {
+        self.generation = generation
+        self.containerId = containerId
+    }
 }
 
 public struct StoreStateTransformer: EntityTransformer {
@@ -73,7 +88,9 @@ public struct StoreStateTransformer: EntityTransformer {
     public init() {}
     public func encode(_ v: StoreStateRecord) -> [UInt8] {
         var w = ByteWriter()
-        w.u8(1); w.u64(v.generation); w.short(v.containerId)
+        w.u8(1)
+        w.u64(v.generation)
+        w.short(v.containerId)
         return w.bytes
     }
     public func decode(_ bytes: [UInt8]) throws(DecodeError) -> StoreStateRecord {

@@ -21,7 +21,9 @@ public struct EntitySealer: Sendable {
     }
 
     /// Opens a value that must be of `transformer`'s kind with this id. Hostile bytes give a typed error.
-    public func open<T: EntityTransformer>(_ transformer: T, _ sealed: [UInt8], id: [UInt8], cipher: AESGCM, describe: @autoclosure () -> String) throws(StoreError) -> T.Value {
+    public func open<T: EntityTransformer>(_ transformer: T, _ sealed: [UInt8], id: [UInt8], cipher: AESGCM, describe: @autoclosure () -> String)
+        throws(StoreError) -> T.Value
+    {
         guard registry.transformerName(for: T.kind) == T.name else { throw .unknownTransformer(kind: T.kind.name, transformer: T.name) }
         let plain: [UInt8]
         do { plain = try cipher.open(sealed, aad: Self.associatedData(kind: T.kind, id: id)) } catch {

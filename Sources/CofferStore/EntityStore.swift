@@ -52,14 +52,19 @@ public final class EntityStore: @unchecked Sendable {
         }
         try backend.initializeSchema(StoreSchema(kinds: kinds, meta: ["format": Array(formatVersion.utf8), "container": keys.containerId]))
         let now = StoredTime(seconds: Int64(Date().timeIntervalSince1970), nanoseconds: 0)
-        try store.putInode(rootInode, InodeRecord(mode: 0o040755, uid: getuid(), gid: getgid(), nlink: 2, size: 0,
-                                                  atime: now, mtime: now, ctime: now))
+        try store.putInode(
+            rootInode,
+            InodeRecord(
+                mode: 0o040755, uid: getuid(), gid: getgid(), nlink: 2, size: 0,
+                atime: now, mtime: now, ctime: now))
         try store.commit()
     }
 
     /// Opens the sealed store over an open engine after checking that it is ours and that every
     /// kind and transformer it names is registered.
-    public static func open(_ backend: any StoreBackend, keys: ContainerKeys, registry: TransformerRegistry = .standard) throws(StoreError) -> EntityStore {
+    public static func open(_ backend: any StoreBackend, keys: ContainerKeys, registry: TransformerRegistry = .standard) throws(StoreError)
+        -> EntityStore
+    {
         let store = EntityStore(backend: backend, keys: keys, registry: registry)
         do {
             try store.checkSchema(registry: registry)
@@ -79,8 +84,10 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     /// Opens the embedded engine's store file (SQLite) and the sealed store over it.
-    public static func open(at path: String, keys: ContainerKeys, registry: TransformerRegistry = .standard,
-                            readOnly: Bool = false) throws(StoreError) -> EntityStore {
+    public static func open(
+        at path: String, keys: ContainerKeys, registry: TransformerRegistry = .standard,
+        readOnly: Bool = false
+    ) throws(StoreError) -> EntityStore {
         try open(try SQLiteBackend.open(at: path, readOnly: readOnly), keys: keys, registry: registry)
     }
 
@@ -126,8 +133,9 @@ public final class EntityStore: @unchecked Sendable {
         do {
             committed = try backend.commit(durable: durable) { () throws(StoreError) -> [UInt8] in
                 sealedNext = true
-                return try sealer.seal(StoreStateTransformer(), StoreStateRecord(generation: next, containerId: keys.containerId),
-                                       id: Self.stateId, cipher: keys.metadata)
+                return try sealer.seal(
+                    StoreStateTransformer(), StoreStateRecord(generation: next, containerId: keys.containerId),
+                    id: Self.stateId, cipher: keys.metadata)
             }
         } catch {
             // The commit may have happened (a COMMIT whose answer was lost with the connection): never
@@ -168,7 +176,7 @@ public final class EntityStore: @unchecked Sendable {
 
     /// A fresh random inode number (63 bits, never 0 or 1) not in use.
     public func newInodeId() throws(StoreError) -> UInt64 {
-        for _ in 0 ..< 16 {
+        for _ in 0..<16 {
             guard let r = try? Random.uint64() else { throw .randomFailed }
             let id = r & 0x7FFF_FFFF_FFFF_FFFF
             if id <= 1 { continue }
@@ -232,8 +240,10 @@ public final class EntityStore: @unchecked Sendable {
     /// prefix of a tag is enough): a listing that resumes from a position alone, with no open directory.
     /// A damaged entry comes back with a nil record (and is reported through `damaged`), so that it
     /// still holds its place in the order.
-    public func entryPage(parent: UInt64, from: [UInt8], limit: Int,
-                          damaged: (StoreError) -> Void = { _ in }) throws(StoreError) -> [(tag: [UInt8], record: DirectoryEntryRecord?)] {
+    public func entryPage(
+        parent: UInt64, from: [UInt8], limit: Int,
+        damaged: (StoreError) -> Void = { _ in }
+    ) throws(StoreError) -> [(tag: [UInt8], record: DirectoryEntryRecord?)] {
         let ptag = parentTag(parent)
         var result: [(tag: [UInt8], record: DirectoryEntryRecord?)] = []
         for row in try backend.entryPage(parentTag: ptag, from: from, limit: limit) {
@@ -302,8 +312,9 @@ public final class EntityStore: @unchecked Sendable {
     /// mount and for fsck's repair.
     public func writeChunkMapPage(file: UInt64, page: UInt64, tags: [ChunkTag]) throws(StoreError) -> ChunkMapPageRef {
         let version = try Self.newPageVersion()
-        let sealed = try sealer.seal(ChunkMapPageTransformer(), tags, id: ChunkMapPageTransformer.id(file: file, page: page, version: version),
-                                     cipher: keys.metadata)
+        let sealed = try sealer.seal(
+            ChunkMapPageTransformer(), tags, id: ChunkMapPageTransformer.id(file: file, page: page, version: version),
+            cipher: keys.metadata)
         try backend.putChunkMapPage(file: file, page: page, sealed: sealed)
         return ChunkMapPageRef(page: page, version: version)
     }
@@ -319,12 +330,13 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     func openChunkMapPage(_ row: ChunkMapRow, version: UInt64) throws(StoreError) -> [ChunkTag] {
-        try sealer.open(ChunkMapPageTransformer(), row.sealed, id: ChunkMapPageTransformer.id(file: row.file, page: row.page, version: version),
-                        cipher: keys.metadata, describe: "chunk map page \(row.page) of content \(row.file)")
+        try sealer.open(
+            ChunkMapPageTransformer(), row.sealed, id: ChunkMapPageTransformer.id(file: row.file, page: row.page, version: version),
+            cipher: keys.metadata, describe: "chunk map page \(row.page) of content \(row.file)")
     }
 
     private static func newPageVersion() throws(StoreError) -> UInt64 {
-        for _ in 0 ..< 4 {
+        for _ in 0..<4 {
             guard let v = try? Random.uint64() else { break }
             if v != 0 { return v }
         }
@@ -343,8 +355,9 @@ public final class EntityStore: @unchecked Sendable {
 
     public func putXattr(_ ino: UInt64, name: [UInt8], value: [UInt8]) throws(StoreError) {
         let tag = xattrTag(ino, name)
-        let sealed = try sealer.seal(ExtendedAttributeTransformer(), ExtendedAttributeRecord(name: name, value: value),
-                                     id: ino.bigEndianBytes + tag, cipher: keys.metadata)
+        let sealed = try sealer.seal(
+            ExtendedAttributeTransformer(), ExtendedAttributeRecord(name: name, value: value),
+            id: ino.bigEndianBytes + tag, cipher: keys.metadata)
         try backend.putXattr(inode: ino, tag: tag, sealed: sealed)
     }
 
@@ -362,8 +375,9 @@ public final class EntityStore: @unchecked Sendable {
     public func deleteXattrs(_ ino: UInt64) throws(StoreError) { try backend.deleteXattrs(inode: ino) }
 
     func openXattr(_ row: XattrRow) throws(StoreError) -> ExtendedAttributeRecord {
-        try sealer.open(ExtendedAttributeTransformer(), row.sealed, id: row.inode.bigEndianBytes + row.tag, cipher: keys.metadata,
-                        describe: "xattr of inode \(row.inode)")
+        try sealer.open(
+            ExtendedAttributeTransformer(), row.sealed, id: row.inode.bigEndianBytes + row.tag, cipher: keys.metadata,
+            describe: "xattr of inode \(row.inode)")
     }
 
     // MARK: Orphans (unlinked while the kernel held them: removed at the forget, or at the next mount after a crash)

@@ -40,6 +40,9 @@ enum FileIO {
     static func fsyncDirectory(of path: String) {
         let dir = (path as NSString).deletingLastPathComponent
         let fd = Glibc.open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if fd >= 0 { fsync(fd); close(fd) }
+        if fd >= 0 {
+            fsync(fd)
+            close(fd)
+        }
     }
 }

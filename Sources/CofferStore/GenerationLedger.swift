@@ -30,11 +30,19 @@ public struct GenerationLedger: Sendable {
     @discardableResult
     public func record(_ generation: UInt64, containerId: String, replacingNewer: Bool = false) -> Bool {
         if !replacingNewer, let last = lastSeen(containerId: containerId), last >= generation { return true }
-        guard (try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
-                                                        attributes: [.posixPermissions: 0o700])) != nil else { return false }
+        guard
+            (try? FileManager.default.createDirectory(
+                atPath: directory, withIntermediateDirectories: true,
+                attributes: [.posixPermissions: 0o700])) != nil
+        else { return false }
         let target = path(containerId), tmp = target + ".tmp.\(getpid())"
-        guard FileManager.default.createFile(atPath: tmp, contents: Data("\(generation)\n".utf8), attributes: [.posixPermissions: 0o600]) else { return false }
-        guard rename(tmp, target) == 0 else { unlink(tmp); return false }
+        guard FileManager.default.createFile(atPath: tmp, contents: Data("\(generation)\n".utf8), attributes: [.posixPermissions: 0o600]) else {
+            return false
+        }
+        guard rename(tmp, target) == 0 else {
+            unlink(tmp)
+            return false
+        }
         return true
     }
 }

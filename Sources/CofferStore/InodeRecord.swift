@@ -2,7 +2,10 @@
 public struct StoredTime: Equatable, Sendable {
     public var seconds: Int64
     public var nanoseconds: UInt32
-    public init(seconds: Int64, nanoseconds: UInt32) { self.seconds = seconds; self.nanoseconds = nanoseconds }
+    public init(seconds: Int64, nanoseconds: UInt32) {
+        self.seconds = seconds
+        self.nanoseconds = nanoseconds
+    }
 }
 
 /// An inode: everything `stat` shows plus where its content lives. Sealed under the metadata key,
@@ -27,11 +30,21 @@ public struct InodeRecord: Equatable, Sendable {
     /// Which sealed chunk is current at each position (docs/FORMAT.md, "The chunk map").
     public var chunkMap: ChunkMapRoot
 
-    public init(mode: UInt32, uid: UInt32, gid: UInt32, nlink: UInt32, size: UInt64 = 0, rdev: UInt64 = 0,
-                atime: StoredTime, mtime: StoredTime, ctime: StoredTime, contentId: UInt64 = 0,
-                symlinkTarget: StoredPath? = nil, chunkCount: UInt64 = 0, chunkMap: ChunkMapRoot = .empty) {
-        self.mode = mode; self.uid = uid; self.gid = gid; self.nlink = nlink; self.size = size; self.rdev = rdev
-        self.atime = atime; self.mtime = mtime; self.ctime = ctime; self.contentId = contentId
+    public init(
+        mode: UInt32, uid: UInt32, gid: UInt32, nlink: UInt32, size: UInt64 = 0, rdev: UInt64 = 0,
+        atime: StoredTime, mtime: StoredTime, ctime: StoredTime, contentId: UInt64 = 0,
+        symlinkTarget: StoredPath? = nil, chunkCount: UInt64 = 0, chunkMap: ChunkMapRoot = .empty
+    ) {
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+        self.nlink = nlink
+        self.size = size
+        self.rdev = rdev
+        self.atime = atime
+        self.mtime = mtime
+        self.ctime = ctime
+        self.contentId = contentId
         self.symlinkTarget = symlinkTarget
         self.chunkCount = chunkCount
         self.chunkMap = chunkMap
@@ -48,11 +61,23 @@ public struct InodeTransformer: EntityTransformer {
     public func encode(_ v: InodeRecord) -> [UInt8] {
         var w = ByteWriter(capacity: 104)
         w.u8(Self.encodingVersion)
-        w.u32(v.mode); w.u32(v.uid); w.u32(v.gid); w.u32(v.nlink)
-        w.u64(v.size); w.u64(v.rdev)
-        for t in [v.atime, v.mtime, v.ctime] { w.i64(t.seconds); w.u32(t.nanoseconds) }
+        w.u32(v.mode)
+        w.u32(v.uid)
+        w.u32(v.gid)
+        w.u32(v.nlink)
+        w.u64(v.size)
+        w.u64(v.rdev)
+        for t in [v.atime, v.mtime, v.ctime] {
+            w.i64(t.seconds)
+            w.u32(t.nanoseconds)
+        }
         w.u64(v.contentId)
-        if let target = v.symlinkTarget { w.u8(1); ContainerPathTransformer.encode(target, into: &w) } else { w.u8(0) }
+        if let target = v.symlinkTarget {
+            w.u8(1)
+            ContainerPathTransformer.encode(target, into: &w)
+        } else {
+            w.u8(0)
+        }
         w.u64(v.chunkCount)
         v.chunkMap.write(to: &w)
         return w.bytes
@@ -65,7 +90,7 @@ public struct InodeTransformer: EntityTransformer {
         let mode = try r.u32(), uid = try r.u32(), gid = try r.u32(), nlink = try r.u32()
         let size = try r.u64(), rdev = try r.u64()
         var times: [StoredTime] = []
-        for _ in 0 ..< 3 {
+        for _ in 0..<3 {
             let s = try r.i64(), ns = try r.u32()
             guard ns < 1_000_000_000 else { throw .invalidValue("nanoseconds out of range") }
             times.append(StoredTime(seconds: s, nanoseconds: ns))
@@ -81,8 +106,9 @@ public struct InodeTransformer: EntityTransformer {
         let chunkMap = try ChunkMapRoot.read(from: &r)
         try r.finish()
         guard size <= UInt64(Int64.max) else { throw .invalidValue("size out of range") }
-        return InodeRecord(mode: mode, uid: uid, gid: gid, nlink: nlink, size: size, rdev: rdev,
-                           atime: times[0], mtime: times[1], ctime: times[2], contentId: contentId,
-                           symlinkTarget: target, chunkCount: chunkCount, chunkMap: chunkMap)
+        return InodeRecord(
+            mode: mode, uid: uid, gid: gid, nlink: nlink, size: size, rdev: rdev,
+            atime: times[0], mtime: times[1], ctime: times[2], contentId: contentId,
+            symlinkTarget: target, chunkCount: chunkCount, chunkMap: chunkMap)
     }
 }

@@ -159,19 +159,52 @@ public struct StoreCounts: Sendable, Equatable {
 }
 
 // Rows as a whole-store scan returns them: plain keys and sealed values, opened by `EntityStore`.
-public struct InodeRow: Sendable { public let id: UInt64; public let sealed: [UInt8]
-    public init(id: UInt64, sealed: [UInt8]) { self.id = id; self.sealed = sealed }
+public struct InodeRow: Sendable {
+    public let id: UInt64
+    public let sealed: [UInt8]
+    public init(id: UInt64, sealed: [UInt8]) {
+        self.id = id
+        self.sealed = sealed
+    }
 }
-public struct EntryRow: Sendable { public let parentTag: [UInt8]; public let tag: [UInt8]; public let sealed: [UInt8]
-    public init(parentTag: [UInt8], tag: [UInt8], sealed: [UInt8]) { self.parentTag = parentTag; self.tag = tag; self.sealed = sealed }
+public struct EntryRow: Sendable {
+    public let parentTag: [UInt8]
+    public let tag: [UInt8]
+    public let sealed: [UInt8]
+    public init(parentTag: [UInt8], tag: [UInt8], sealed: [UInt8]) {
+        self.parentTag = parentTag
+        self.tag = tag
+        self.sealed = sealed
+    }
 }
-public struct XattrRow: Sendable { public let inode: UInt64; public let tag: [UInt8]; public let sealed: [UInt8]
-    public init(inode: UInt64, tag: [UInt8], sealed: [UInt8]) { self.inode = inode; self.tag = tag; self.sealed = sealed }
+public struct XattrRow: Sendable {
+    public let inode: UInt64
+    public let tag: [UInt8]
+    public let sealed: [UInt8]
+    public init(inode: UInt64, tag: [UInt8], sealed: [UInt8]) {
+        self.inode = inode
+        self.tag = tag
+        self.sealed = sealed
+    }
 }
-public struct ChunkMapRow: Sendable { public let file: UInt64; public let page: UInt64; public let sealed: [UInt8]
-    public init(file: UInt64, page: UInt64, sealed: [UInt8]) { self.file = file; self.page = page; self.sealed = sealed }
+public struct ChunkMapRow: Sendable {
+    public let file: UInt64
+    public let page: UInt64
+    public let sealed: [UInt8]
+    public init(file: UInt64, page: UInt64, sealed: [UInt8]) {
+        self.file = file
+        self.page = page
+        self.sealed = sealed
+    }
 }
 /// The chunk rows of one content id: how many and the highest index (as stored, signed).
-public struct ChunkFileSummary: Sendable { public let file: UInt64; public let rows: Int; public let maxIndex: Int64
-    public init(file: UInt64, rows: Int, maxIndex: Int64) { self.file = file; self.rows = rows; self.maxIndex = maxIndex }
+public struct ChunkFileSummary: Sendable {
+    public let file: UInt64
+    public let rows: Int
+    public let maxIndex: Int64
+    public init(file: UInt64, rows: Int, maxIndex: Int64) {
+        self.file = file
+        self.rows = rows
+        self.maxIndex = maxIndex
+    }
 }

@@ -9,12 +9,12 @@ import Glibc
 public final class StoreCopy {
     /// The progress record (JSON): whose copy, of which source state, and how far it got.
     struct Progress: Codable {
-        var source: String          // container id (hex)
-        var state: String           // the source's sealed store state (hex): the snapshot copied
-        var step = 0                // Step.rawValue
-        var done = 0                // rows (chunks: files) of the step already copied
-        var index: Int64?           // chunks: the last index copied of file `done`
-        var copied = 0              // rows copied in all
+        var source: String  // container id (hex)
+        var state: String  // the source's sealed store state (hex): the snapshot copied
+        var step = 0  // Step.rawValue
+        var done = 0  // rows (chunks: files) of the step already copied
+        var index: Int64?  // chunks: the last index copied of file `done`
+        var copied = 0  // rows copied in all
     }
 
     enum Step: Int { case inodes, entries, xattrs, maps, orphans, chunks, finished }
@@ -63,21 +63,30 @@ public final class StoreCopy {
         while let step = Step(rawValue: p.step), step != .finished {
             switch step {
             case .inodes:
-                try each(s.allInodeRows().sorted { $0.id < $1.id }) { try d.putInode($0.id, sealed: $0.sealed); return $0.sealed.count }
+                try each(s.allInodeRows().sorted { $0.id < $1.id }) {
+                    try d.putInode($0.id, sealed: $0.sealed)
+                    return $0.sealed.count
+                }
             case .entries:
                 try each(s.allEntryRows().sorted { ($0.parentTag, $0.tag) < ($1.parentTag, $1.tag) }) {
-                    _ = try d.putEntry(parentTag: $0.parentTag, tag: $0.tag, sealed: $0.sealed, replace: true); return $0.sealed.count
+                    _ = try d.putEntry(parentTag: $0.parentTag, tag: $0.tag, sealed: $0.sealed, replace: true)
+                    return $0.sealed.count
                 }
             case .xattrs:
                 try each(s.allXattrRows().sorted { ($0.inode, $0.tag) < ($1.inode, $1.tag) }) {
-                    try d.putXattr(inode: $0.inode, tag: $0.tag, sealed: $0.sealed); return $0.sealed.count
+                    try d.putXattr(inode: $0.inode, tag: $0.tag, sealed: $0.sealed)
+                    return $0.sealed.count
                 }
             case .maps:
                 try each(s.allChunkMapRows().sorted { ($0.file, $0.page) < ($1.file, $1.page) }) {
-                    try d.putChunkMapPage(file: $0.file, page: $0.page, sealed: $0.sealed); return $0.sealed.count
+                    try d.putChunkMapPage(file: $0.file, page: $0.page, sealed: $0.sealed)
+                    return $0.sealed.count
                 }
             case .orphans:
-                try each(s.orphans().sorted()) { try d.addOrphan($0); return 8 }
+                try each(s.orphans().sorted()) {
+                    try d.addOrphan($0)
+                    return 8
+                }
             case .chunks:
                 try copyChunks(d)
             case .finished: break

@@ -29,7 +29,9 @@ public final class CopySource {
         switch location {
         case .directory(let path):
             let c = try Container.open(at: path)
-            guard let header = FileManager.default.contents(atPath: c.headerPath) else { throw ContainerError.unreadable(path, ContainerHeader.fileName) }
+            guard let header = FileManager.default.contents(atPath: c.headerPath) else {
+                throw ContainerError.unreadable(path, ContainerHeader.fileName)
+            }
             let backend = try SQLiteBackend.open(at: try c.storePath(), readOnly: true)
             return try opened([UInt8](header), backend)
         case .postgres(let p):
@@ -38,7 +40,10 @@ public final class CopySource {
                 try backend.beginSnapshot()
                 guard let header = try backend.headerBytes() else { throw ContainerError.headerDamaged("the header row is missing") }
                 return try CopySource(header: header, backend: backend)
-            } catch { backend.close(); throw error }
+            } catch {
+                backend.close()
+                throw error
+            }
         }
     }
 
@@ -46,7 +51,10 @@ public final class CopySource {
         do {
             try backend.beginSnapshot()
             return try CopySource(header: header, backend: backend)
-        } catch { backend.close(); throw error }
+        } catch {
+            backend.close()
+            throw error
+        }
     }
 
     public func close() { backend.close() }
@@ -74,7 +82,10 @@ enum CopyDestination {
         look?.close()
         guard record != nil else { throw refusal(path, headerId: headerId, source: source) }
         let store = try SQLiteBackend.open(at: storePath, readOnly: false)
-        do { try store.startWriting() } catch { store.close(); throw error }
+        do { try store.startWriting() } catch {
+            store.close()
+            throw error
+        }
         return store
     }
 
@@ -86,13 +97,18 @@ enum CopyDestination {
                 let id = try store.headerBytes().flatMap { try? Container.decodeHeader(Data($0)).containerId }
                 throw refusal(location.display, headerId: id, source: source)
             }
-        } catch { store.close(); throw error }
+        } catch {
+            store.close()
+            throw error
+        }
         return store
     }
 
     /// An unfinished copy started over: its files go, the header first (it must not be mounted half-copied).
     static func removeStore(_ path: String) {
-        for f in [ContainerHeader.fileName, SQLiteBackend.fileName, SQLiteBackend.fileName + "-wal", SQLiteBackend.fileName + "-shm", "coffer.reserve"] {
+        for f in [
+            ContainerHeader.fileName, SQLiteBackend.fileName, SQLiteBackend.fileName + "-wal", SQLiteBackend.fileName + "-shm", "coffer.reserve"
+        ] {
             unlink(path + "/" + f)
         }
     }

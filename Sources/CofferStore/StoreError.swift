@@ -25,7 +25,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case let .authenticationFailed(_, entity): return "\(entity) failed authentication (tampered or damaged)"
         case let .malformed(_, entity, why): return "\(entity) is malformed: \(why)"
         case .unknownKind(let k): return "store names unknown entity kind \"\(k)\" (refusing to open)"
-        case let .unknownTransformer(kind, t): return "store names transformer \"\(t)\" for \(kind), which this coffer does not have (refusing to open)"
+        case let .unknownTransformer(kind, t):
+            return "store names transformer \"\(t)\" for \(kind), which this coffer does not have (refusing to open)"
         case .missingKind(let k): return "store does not declare entity kind \"\(k)\" (refusing to open)"
         case .notAStore(let why): return "not a Coffer entity store: \(why)"
         case .wrongContainer: return "the entity store belongs to another container (refusing to open)"

@@ -16,8 +16,10 @@ struct CofferCommand: ParsableCommand {
             18 store older than last seen (rollback), 64 usage error. `coffer fsck` has its own, as fsck(8) \
             (see `coffer fsck --help`).
             """,
-        subcommands: [InitCommand.self, InfoCommand.self, PasswdCommand.self, MountCommand.self, UnmountCommand.self,
-                      FsckCommand.self, CopyCommand.self, VersionCommand.self])
+        subcommands: [
+            InitCommand.self, InfoCommand.self, PasswdCommand.self, MountCommand.self, UnmountCommand.self,
+            FsckCommand.self, CopyCommand.self, VersionCommand.self
+        ])
 
     static var subcommandNames: Set<String> {
         Set(configuration.subcommands.flatMap { [$0.configuration.commandName].compactMap { $0 } + $0.configuration.aliases })
@@ -35,7 +37,8 @@ struct CLIFailure: Error, CustomStringConvertible {
         if let e = error as? CLIFailure { return e }
         if let e = error as? ContainerError {
             switch e {
-            case .notFound, .notADirectory, .unreadable, .notAContainer, .alreadyExists: return CLIFailure(message: e.description, code: ExitStatus.noContainer)
+            case .notFound, .notADirectory, .unreadable, .notAContainer, .alreadyExists:
+                return CLIFailure(message: e.description, code: ExitStatus.noContainer)
             case .wrongSecret, .noMatchingSlot: return CLIFailure(message: e.description, code: ExitStatus.wrongPassword)
             case .headerDamaged, .headerTampered, .unsupportedVersion, .unsupportedCipher, .unsupportedFeature, .weakKDF:
                 return CLIFailure(message: e.description, code: ExitStatus.headerRefused)

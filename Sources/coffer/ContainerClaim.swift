@@ -10,7 +10,10 @@ enum ContainerSource {
     static func location(_ text: String) throws -> ContainerLocation {
         let location = try ContainerLocation.parse(text)
         if case .postgres(let p) = location, p.carriesPassword {
-            throw CLIFailure(message: "\(p.display): the URI carries the database password; put it in ~/.pgpass (or PGPASSFILE, a service file, or passfile= in the URI) instead, so it never shows in argv or logs", code: ExitStatus.usage)
+            throw CLIFailure(
+                message:
+                    "\(p.display): the URI carries the database password; put it in ~/.pgpass (or PGPASSFILE, a service file, or passfile= in the URI) instead, so it never shows in argv or logs",
+                code: ExitStatus.usage)
         }
         return location
     }
@@ -30,7 +33,10 @@ final class ContainerClaim: @unchecked Sendable {
     private let stopped = NSCondition()
     private var stopping = false
 
-    private init(lock: ContainerLock?, lease: PostgresLease?) { self.lock = lock; self.lease = lease }
+    private init(lock: ContainerLock?, lease: PostgresLease?) {
+        self.lock = lock
+        self.lease = lease
+    }
 
     /// Takes the container for `purpose` ("mount", "fsck"); exit 15 naming the holder when it is taken.
     static func take(_ c: Container, purpose: String) throws -> ContainerClaim {
@@ -67,7 +73,10 @@ final class ContainerClaim: @unchecked Sendable {
     }
 
     static func alreadyMounted(_ c: Container, _ h: PostgresLease.Holder) -> CLIFailure {
-        CLIFailure(message: "the container \(c.root) is already in use: held by \(h) (one mount per container; a holder that is gone lets its lease lapse within \(PostgresLease.duration) s)", code: ExitStatus.alreadyMounted)
+        CLIFailure(
+            message:
+                "the container \(c.root) is already in use: held by \(h) (one mount per container; a holder that is gone lets its lease lapse within \(PostgresLease.duration) s)",
+            code: ExitStatus.alreadyMounted)
     }
 
     static var machineId: String { PostgresLease.machineId(stateDirectory: GenerationLedger.defaultDirectory()) }
@@ -99,14 +108,18 @@ final class ContainerClaim: @unchecked Sendable {
     }
 
     private func waitStop(_ seconds: Double) -> Bool {
-        stopped.lock(); defer { stopped.unlock() }
+        stopped.lock()
+        defer { stopped.unlock() }
         if !stopping { _ = stopped.wait(until: Date().addingTimeInterval(seconds)) }
         return stopping
     }
 
     /// Ends renewal and gives the container back (the lease row is deleted; the flock closed with us).
     func release() {
-        stopped.lock(); stopping = true; stopped.broadcast(); stopped.unlock()
+        stopped.lock()
+        stopping = true
+        stopped.broadcast()
+        stopped.unlock()
         lease?.release()
     }
 }

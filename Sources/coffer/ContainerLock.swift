@@ -91,7 +91,10 @@ final class ContainerLock {
     /// `1: FLOCK  ADVISORY  WRITE 1752 fe:00:16220279 0 EOF` (major and minor in hex, at least two digits).
     static func flockHolder(device: UInt64, inode: UInt64) -> pid_t? {
         guard let table = try? String(contentsOfFile: "/proc/locks", encoding: .utf8) else { return nil }
-        func hex(_ v: UInt64) -> String { let h = String(v, radix: 16); return h.count < 2 ? "0" + h : h }
+        func hex(_ v: UInt64) -> String {
+            let h = String(v, radix: 16)
+            return h.count < 2 ? "0" + h : h
+        }
         let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~UInt64(0xfff))
         let minor = (device & 0xff) | ((device >> 12) & ~UInt64(0xff))
         let id = "\(hex(major)):\(hex(minor)):\(inode)"

@@ -41,7 +41,7 @@ struct CopyCommand: ParsableCommand {
                 throw CLIFailure(message: "SRC and DEST are the same place", code: ExitStatus.usage)
             }
             if verify { try secret.checkSource() }
-            if case .directory(let path) = src { _ = try Container.open(at: path) }   // before any secret is asked
+            if case .directory(let path) = src { _ = try Container.open(at: path) }  // before any secret is asked
             let sourceLock = try Self.lockIfDirectory(src, what: "SRC")
             var given: Secret?
             defer { given?.bytes.wipe() }
@@ -66,7 +66,10 @@ struct CopyCommand: ParsableCommand {
         let bar = ProgressBar("copying")
         defer { bar.finish() }
         copier.progress = { bar.update(done: $0, total: $1) }
-        copier.notice = { bar.finish(); printErr("coffer copy: \($0)") }
+        copier.notice = {
+            bar.finish()
+            printErr("coffer copy: \($0)")
+        }
         // Test hooks: small batches, and a SIGKILL after N of them (an interrupted copy).
         let env = ProcessInfo.processInfo.environment
         if let b = env["COFFER_COPY_TEST_BATCH_BYTES"].flatMap(Int.init) { copier.batchBytes = b }
@@ -101,6 +104,8 @@ struct CopyCommand: ParsableCommand {
             for p in result.problems { print("  \(p.kind.rawValue): \(p.location): \(p.detail)") }
             throw CLIFailure(message: "verify: the copy has \(result.problems.count) problem(s)", code: ExitStatus.storeDamaged)
         }
-        print("coffer copy: verified: \(n.inodes) inodes, \(n.entries) entries, \(n.chunks) chunks, \(n.chunkMapPages) map pages, \(n.xattrs) xattrs open")
+        print(
+            "coffer copy: verified: \(n.inodes) inodes, \(n.entries) entries, \(n.chunks) chunks, \(n.chunkMapPages) map pages, \(n.xattrs) xattrs open"
+        )
     }
 }

@@ -20,7 +20,9 @@ enum Daemonizer {
         // A prompted password and an extpass command's answer are handed over: the command runs here,
         // where the user's terminal is (systemd-ask-password, pinentry), not in the detached daemon.
         let prompted: SecureBytes?
-        if let e = secret.extpass { prompted = try SecretReader.firstLine(ofCommand: e) } else {
+        if let e = secret.extpass {
+            prompted = try SecretReader.firstLine(ofCommand: e)
+        } else {
             prompted = secret.isGiven ? nil : try SecretReader.prompt("Password: ", confirm: false)
         }
         defer { prompted?.wipe() }
@@ -134,7 +136,8 @@ final class ReadyPipe: @unchecked Sendable {
     func fail(_ failure: CLIFailure) { send("ERR \(failure.code) \(failure.message)\n") }
 
     private func send(_ text: String) {
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         guard fd >= 0 else { return }
         _ = text.withCString { Glibc.write(fd, $0, strlen($0)) }
         close(fd)

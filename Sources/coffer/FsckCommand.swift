@@ -133,7 +133,9 @@ struct FsckCommand: ParsableCommand {
             if repair { print("      repair: \(p.repair)") }
         }
         let n = result.counts
-        print("\(result.problems.count) problem(s); checked \(n.inodes) inodes (\(n.directories) directories, \(n.files) others), \(n.entries) entries, \(n.chunks) chunks, \(n.chunkMapPages) map pages, \(n.xattrs) xattrs")
+        print(
+            "\(result.problems.count) problem(s); checked \(n.inodes) inodes (\(n.directories) directories, \(n.files) others), \(n.entries) entries, \(n.chunks) chunks, \(n.chunkMapPages) map pages, \(n.xattrs) xattrs"
+        )
     }
 
     /// Lists what the repair will do and asks on the terminal.
@@ -182,14 +184,18 @@ struct Report {
         if let found {
             doc["problems"] = found.problems.map(Self.problem)
             let n = found.counts
-            doc["counts"] = ["inodes": n.inodes, "directories": n.directories, "files": n.files, "entries": n.entries,
-                             "chunks": n.chunks, "chunkMapPages": n.chunkMapPages, "xattrs": n.xattrs, "problems": found.problems.count]
+            doc["counts"] = [
+                "inodes": n.inodes, "directories": n.directories, "files": n.files, "entries": n.entries,
+                "chunks": n.chunks, "chunkMapPages": n.chunkMapPages, "xattrs": n.xattrs, "problems": found.problems.count
+            ]
         }
         if let summary {
             doc["repaired"] = summary.actions
             doc["lostRanges"] = summary.lostRanges.map { r -> [String: Any] in
-                ["path": r.path ?? NSNull(), "inode": NSNumber(value: r.inode),
-                 "ranges": r.ranges.map { [NSNumber(value: $0.lowerBound), NSNumber(value: $0.upperBound)] }]
+                [
+                    "path": r.path ?? NSNull(), "inode": NSNumber(value: r.inode),
+                    "ranges": r.ranges.map { [NSNumber(value: $0.lowerBound), NSNumber(value: $0.upperBound)] }
+                ]
             }
         }
         if let remaining { doc["remaining"] = remaining.problems.map(Self.problem) }
@@ -200,7 +206,9 @@ struct Report {
     }
 
     static func problem(_ p: Problem) -> [String: Any] {
-        ["kind": p.kind.rawValue, "path": p.path ?? NSNull(), "inode": p.inode.map { NSNumber(value: $0) } ?? NSNull(),
-         "detail": p.detail, "repair": p.repair]
+        [
+            "kind": p.kind.rawValue, "path": p.path ?? NSNull(), "inode": p.inode.map { NSNumber(value: $0) } ?? NSNull(),
+            "detail": p.detail, "repair": p.repair
+        ]
     }
 }

@@ -25,11 +25,17 @@ struct InfoCommand: ParsableCommand {
             print("Format:         \(h.format) version \(h.version)")
             print("Container id:   \(h.containerId)")
             print("Cipher:         \(h.cipher), \(h.chunkSize / 1024) KiB chunks")
-            if case .postgres(let p) = c.location { print("Store:          PostgreSQL schema \"\(p.container)\"") } else { print("Store:          \(h.store)") }
+            if case .postgres(let p) = c.location {
+                print("Store:          PostgreSQL schema \"\(p.container)\"")
+            } else {
+                print("Store:          \(h.store)")
+            }
             print("Features:       \(h.features.isEmpty ? "none" : h.features.joined(separator: ", "))")
             print("Key slots:      \(h.slots.count)")
             for slot in h.slots {
-                print("  \(slot.id)  \(slot.kind.rawValue.padding(toLength: 9, withPad: " ", startingAt: 0)) \(describe(slot.kdf))\(slot.label.map { "  \"\($0)\"" } ?? "")")
+                print(
+                    "  \(slot.id)  \(slot.kind.rawValue.padding(toLength: 9, withPad: " ", startingAt: 0)) \(describe(slot.kdf))\(slot.label.map { "  \"\($0)\"" } ?? "")"
+                )
             }
             guard let given else { return }
             let (keys, slotId) = try c.unlock(given)
@@ -45,7 +51,9 @@ struct InfoCommand: ParsableCommand {
             let counts = try store.counts()
             print("Unlocked by:    slot \(slotId)")
             print("Generation:     \(store.generation)")
-            print("Entities:       \(counts.inodes) inodes, \(counts.entries) directory entries, \(counts.chunks) content chunks, \(counts.xattrs) xattrs")
+            print(
+                "Entities:       \(counts.inodes) inodes, \(counts.entries) directory entries, \(counts.chunks) content chunks, \(counts.xattrs) xattrs"
+            )
             print("Store size:     \(store.sizeOnDisk) bytes")
         }
     }

@@ -38,7 +38,8 @@ struct InitCommand: ParsableCommand {
         } else {
             let parent = (path as NSString).deletingLastPathComponent
             guard access(parent, W_OK) == 0 else {
-                throw CLIFailure(message: "\(container): cannot create it in \(parent): \(String(cString: strerror(errno)))", code: ExitStatus.noContainer)
+                throw CLIFailure(
+                    message: "\(container): cannot create it in \(parent): \(String(cString: strerror(errno)))", code: ExitStatus.noContainer)
             }
         }
     }
@@ -57,7 +58,8 @@ struct InitCommand: ParsableCommand {
             print("Created container \(created.container.root)")
             print("  key derivation: \(kdf.choice)")
             if let recovery = created.recoveryKey {
-                print("""
+                print(
+                    """
 
                     Recovery key (shown only now; it opens the container without the password, so keep it
                     somewhere safe and offline; give it wherever a password is asked):

@@ -67,7 +67,8 @@ final class RepeatFilter: @unchecked Sendable {
     /// False for a warning or error already logged (up to 4096 remembered); lower levels always pass.
     func admits(_ level: Logger.Level, _ text: String) -> Bool {
         guard level >= .warning else { return true }
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         if seen.contains(text) { return false }
         if seen.count >= 4096 { seen.removeAll() }
         seen.insert(text)

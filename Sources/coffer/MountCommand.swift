@@ -99,7 +99,8 @@ struct MountCommand: ParsableCommand {
         }
         var opts = MountOptionSet()
         do { for o in t.options { try opts.parse(o) } } catch let f as CLIFailure {
-            printErr("coffer: \(f.message)"); throw ExitCode(f.code)
+            printErr("coffer: \(f.message)")
+            throw ExitCode(f.code)
         }
         var secretOptions = t.secret
         if secretOptions.passfile == nil { secretOptions.passfile = opts.passfile }
@@ -139,15 +140,17 @@ struct MountCommand: ParsableCommand {
         do {
             let mount = try prepare(target: t, options: opts, secret: secret, logger: logger, notifier: notifier)
             let where_ = "\(mount.containerRoot) on \(mount.mountpoint)"
-            try mount.run(onReady: {
-                health.watch(mount.mountpoint)
-                logger.notice("mounted \(where_)")
-                notifier?.ready(status: "Mounted \(where_)")
-                ready?.succeed()
-            }, onStopping: {
-                logger.info("unmounting \(mount.mountpoint): committing and closing the store")
-                notifier?.stopping(status: "Unmounting \(mount.mountpoint)")
-            })
+            try mount.run(
+                onReady: {
+                    health.watch(mount.mountpoint)
+                    logger.notice("mounted \(where_)")
+                    notifier?.ready(status: "Mounted \(where_)")
+                    ready?.succeed()
+                },
+                onStopping: {
+                    logger.info("unmounting \(mount.mountpoint): committing and closing the store")
+                    notifier?.stopping(status: "Unmounting \(mount.mountpoint)")
+                })
             mount.finish()
             logger.notice("unmounted \(mount.mountpoint)")
         } catch {
@@ -155,13 +158,19 @@ struct MountCommand: ParsableCommand {
             notifier?.stopWatchdog()
             notifier?.status("Refused: \(failure.message)")
             // One line: the log (stderr or syslog), plus the launcher's own line in daemon mode.
-            if health.hasMounted { logger.error("mount ended with an error: \(failure.message)") } else { logger.error("mount refused: \(failure.message)") }
+            if health.hasMounted {
+                logger.error("mount ended with an error: \(failure.message)")
+            } else {
+                logger.error("mount refused: \(failure.message)")
+            }
             ready?.fail(failure)
             throw ExitCode(failure.code)
         }
     }
 
-    func prepare(target t: Target, options opts: MountOptionSet, secret: SecretOptions, logger: Logger, notifier: ServiceNotifier?) throws -> PreparedMount {
+    func prepare(target t: Target, options opts: MountOptionSet, secret: SecretOptions, logger: Logger, notifier: ServiceNotifier?) throws
+        -> PreparedMount
+    {
         let c = try Self.openContainer(t.container)
         notifier?.status("Opening the container \(c.root)")
         let mnt = Container.absolutePath(t.mountpoint)
@@ -178,7 +187,10 @@ struct MountCommand: ParsableCommand {
             fsOptions.symlinkRoot = mnt
             fsOptions.plainSymlinks = opts.plainSymlinks
             let fs: CofferFileSystem
-            do { fs = try CofferFileSystem(store: store, chunkSize: c.header.chunkSize, options: fsOptions, statfsPath: Self.statfsPath(c), logger: logger) } catch {
+            do {
+                fs = try CofferFileSystem(
+                    store: store, chunkSize: c.header.chunkSize, options: fsOptions, statfsPath: Self.statfsPath(c), logger: logger)
+            } catch {
                 store.close()
                 throw CLIFailure(message: "the container's store is damaged: the root directory does not open", code: ExitStatus.storeDamaged)
             }
@@ -228,12 +240,16 @@ extension MountCommand {
     /// explicit `-o rw` is refused. mount(8) passes `rw` whenever `ro` is not given, so in its argv form
     /// (`coffer SOURCE DIR -o ...`) `rw` is only that default.
     func settleReadOnlyContainer(_ opts: inout MountOptionSet, target t: Target) throws {
-        guard !opts.readOnly, !ContainerURI.isURI(t.container), let c = try? Container.open(at: t.container), let store = try? c.storePath() else { return }
+        guard !opts.readOnly, !ContainerURI.isURI(t.container), let c = try? Container.open(at: t.container), let store = try? c.storePath() else {
+            return
+        }
         let storeReadOnly = access(store, F_OK) == 0 && access(store, W_OK) != 0
         guard access(c.root, W_OK) != 0 || storeReadOnly else { return }
         let tokens = t.options.flatMap { $0.split(separator: ",") }
         if tokens.contains("rw"), CommandLine.arguments.dropFirst().first == "mount" {
-            printErr("coffer: \(c.root) cannot be written (read-only medium or directory): it cannot be mounted read-write; mount it without -o rw (or with -o ro) to read it")
+            printErr(
+                "coffer: \(c.root) cannot be written (read-only medium or directory): it cannot be mounted read-write; mount it without -o rw (or with -o ro) to read it"
+            )
             throw ExitCode(ExitStatus.failure)
         }
         printErr("coffer: \(c.root) cannot be written (read-only medium or directory): mounting read-only")
@@ -248,7 +264,10 @@ extension MountCommand {
         if let last = ledger.lastSeen(containerId: containerId), store.generation < last {
             guard allow else {
                 store.close()
-                throw CLIFailure(message: "the store is older than the one this machine last saw (generation \(store.generation) < \(last)): it was replaced by an older copy of itself (rollback) or restored from a backup; mount with --allow-rollback (-o allow_rollback) to accept it", code: ExitStatus.rollback)
+                throw CLIFailure(
+                    message:
+                        "the store is older than the one this machine last saw (generation \(store.generation) < \(last)): it was replaced by an older copy of itself (rollback) or restored from a backup; mount with --allow-rollback (-o allow_rollback) to accept it",
+                    code: ExitStatus.rollback)
             }
             logger.warning("mounting a store older than the last seen (generation \(store.generation) < \(last)) as asked")
         }
@@ -271,7 +290,12 @@ final class PreparedMount: @unchecked Sendable {
     let mountpoint: String
 
     init(fuse: FUSEMount, fs: CofferFileSystem, keys: ContainerKeys, lock: ContainerClaim, containerRoot: String, mountpoint: String) {
-        self.fuse = fuse; self.fs = fs; self.keys = keys; self.lock = lock; self.containerRoot = containerRoot; self.mountpoint = mountpoint
+        self.fuse = fuse
+        self.fs = fs
+        self.keys = keys
+        self.lock = lock
+        self.containerRoot = containerRoot
+        self.mountpoint = mountpoint
     }
 
     func run(onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) throws {
@@ -282,7 +306,10 @@ final class PreparedMount: @unchecked Sendable {
     }
 
     /// After the loop (the store is closed): the keys go, and a lease is given back.
-    func finish() { keys.wipe(); lock.release() }
+    func finish() {
+        keys.wipe()
+        lock.release()
+    }
 }
 
 /// The watchdog's check: once mounted, a statvfs (never answered from the kernel's cache) must reach
@@ -296,17 +323,23 @@ final class MountHealth: @unchecked Sendable {
     func watch(_ path: String) {
         var st = stat()
         let dev: UInt? = stat(path, &st) == 0 ? UInt(st.st_dev) : nil
-        lock.lock(); mountpoint = path; device = dev; lock.unlock()
+        lock.lock()
+        mountpoint = path
+        device = dev
+        lock.unlock()
     }
 
     /// True once the mount has answered (READY).
     var hasMounted: Bool {
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         return mountpoint != nil
     }
 
     func isHealthy() -> Bool {
-        lock.lock(); let path = mountpoint, dev = device; lock.unlock()
+        lock.lock()
+        let path = mountpoint, dev = device
+        lock.unlock()
         guard let path else { return true }
         var vfs = statvfs()
         guard statvfs(path, &vfs) == 0 else { return false }
@@ -321,10 +354,15 @@ enum Mountpoint {
         guard stat(path, &st) == 0 else {
             throw CLIFailure(message: "mountpoint \(path): \(String(cString: strerror(errno)))", code: ExitStatus.badMountpoint)
         }
-        guard (st.st_mode & S_IFMT) == S_IFDIR else { throw CLIFailure(message: "mountpoint \(path) is not a directory", code: ExitStatus.badMountpoint) }
+        guard (st.st_mode & S_IFMT) == S_IFDIR else {
+            throw CLIFailure(message: "mountpoint \(path) is not a directory", code: ExitStatus.badMountpoint)
+        }
         // Mounting over a mount hides it and stacks two filesystems on one path.
         if !allowNonEmpty, let under = MountTable.entry(at: path) {
-            throw CLIFailure(message: "mountpoint \(path) is already a mountpoint (\(under.source), \(under.type)); unmount it first (or use -o nonempty to mount over it anyway)", code: ExitStatus.badMountpoint)
+            throw CLIFailure(
+                message:
+                    "mountpoint \(path) is already a mountpoint (\(under.source), \(under.type)); unmount it first (or use -o nonempty to mount over it anyway)",
+                code: ExitStatus.badMountpoint)
         }
         if !allowNonEmpty, let items = try? FileManager.default.contentsOfDirectory(atPath: path), !items.isEmpty {
             throw CLIFailure(message: "mountpoint \(path) is not empty (use -o nonempty to mount over it anyway)", code: ExitStatus.badMountpoint)

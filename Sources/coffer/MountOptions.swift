@@ -28,9 +28,13 @@ struct MountOptionSet {
     var passthrough: [String] = []
 
     /// Kernel mount flags and FUSE options handed on as they are.
-    static let passthroughFlags: Set<String> = ["noatime", "atime", "relatime", "strictatime", "nodiratime", "noexec", "exec", "sync", "async", "dirsync"]
+    static let passthroughFlags: Set<String> = [
+        "noatime", "atime", "relatime", "strictatime", "nodiratime", "noexec", "exec", "sync", "async", "dirsync"
+    ]
     /// Options that mount(8) and fstab use and that concern no one after mount.fuse3.
-    static let ignored: Set<String> = ["rw", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "nofail", "_netdev", "default_permissions"]
+    static let ignored: Set<String> = [
+        "rw", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "nofail", "_netdev", "default_permissions"
+    ]
     static let passthroughValued: Set<String> = ["max_read", "fsname", "subtype"]
 
     /// The options users write, with what each does: the one list behind `coffer help mount`, the
@@ -46,13 +50,22 @@ struct MountOptionSet {
         (["auto_unmount"], "unmount when the daemon ends"),
         (["nonempty"], "mount over a non-empty directory or over an existing mount"),
         (["plain_symlinks"], "store absolute symlink targets inside the mount as given"),
-        (["no_writeback_cache"], "turn off the kernel's writeback cache (on by default: writes reach the daemon in batches, errors show at fsync or close; writeback_cache is accepted)"),
+        (
+            ["no_writeback_cache"],
+            "turn off the kernel's writeback cache (on by default: writes reach the daemon in batches, errors show at fsync or close; writeback_cache is accepted)"
+        ),
         (["writeback_cache"], "the default"),
         (["allow_rollback"], "mount a store older than the newest this machine has seen (as --allow-rollback)"),
-        (["reconnect_wait=SECONDS"], "PostgreSQL containers: how long an operation waits for a lost server to come back before it fails with EIO (default 30, 0 to 3600)"),
+        (
+            ["reconnect_wait=SECONDS"],
+            "PostgreSQL containers: how long an operation waits for a lost server to come back before it fails with EIO (default 30, 0 to 3600)"
+        ),
         (["max_threads=N"], "worker threads, 1 to 256 (default: one more than cores)"),
-        (["suid", "dev"], "honour set-user-ID programs and device files (nosuid,nodev is the default in every form; through mount(8) and fstab write allow_suid, allow_dev: mount.fuse3 asks for suid,dev whatever was written)"),
-        (["noatime", "noexec", "sync", "dirsync"], "mount flags, and their opposites (atime, exec, async)"),
+        (
+            ["suid", "dev"],
+            "honour set-user-ID programs and device files (nosuid,nodev is the default in every form; through mount(8) and fstab write allow_suid, allow_dev: mount.fuse3 asks for suid,dev whatever was written)"
+        ),
+        (["noatime", "noexec", "sync", "dirsync"], "mount flags, and their opposites (atime, exec, async)")
     ]
 
     /// The option names alone, for the unknown-option error.
@@ -91,13 +104,13 @@ struct MountOptionSet {
             case ("no_writeback_cache", nil): writebackCache = false
             case ("single_thread", nil): singleThreaded = true
             case ("max_threads", let v?):
-                guard let n = UInt32(v), (1 ... 256).contains(n) else {
+                guard let n = UInt32(v), (1...256).contains(n) else {
                     throw CLIFailure(message: "mount option max_threads=\(v): expected a number of threads from 1 to 256", code: ExitStatus.usage)
                 }
                 maxThreads = n
             case ("allow_rollback", nil): allowRollback = true
             case ("reconnect_wait", let v?):
-                guard let n = Double(v), n.isFinite, (0 ... 3600).contains(n) else {
+                guard let n = Double(v), n.isFinite, (0...3600).contains(n) else {
                     throw CLIFailure(message: "mount option reconnect_wait=\(v): expected a number of seconds from 0 to 3600", code: ExitStatus.usage)
                 }
                 reconnectWait = n
@@ -122,10 +135,17 @@ struct MountOptionSet {
     static func splitEscaped(_ s: String) -> [String] {
         var parts: [String] = [], current = "", escaped = false
         for ch in s {
-            if escaped { current.append(ch); escaped = false }
-            else if ch == "\\" { escaped = true }
-            else if ch == "," { parts.append(current); current = "" }
-            else { current.append(ch) }
+            if escaped {
+                current.append(ch)
+                escaped = false
+            } else if ch == "\\" {
+                escaped = true
+            } else if ch == "," {
+                parts.append(current)
+                current = ""
+            } else {
+                current.append(ch)
+            }
         }
         parts.append(current)
         return parts

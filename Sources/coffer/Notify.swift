@@ -99,11 +99,14 @@ final class ServiceNotifier: @unchecked Sendable {
     }
 
     func stopWatchdog() {
-        watchdogState.lock(); watchdogStopped = true; watchdogState.unlock()
+        watchdogState.lock()
+        watchdogStopped = true
+        watchdogState.unlock()
     }
 
     private var isWatchdogStopped: Bool {
-        watchdogState.lock(); defer { watchdogState.unlock() }
+        watchdogState.lock()
+        defer { watchdogState.unlock() }
         return watchdogStopped
     }
 }

@@ -148,7 +148,10 @@ enum SecretReader {
         var byte: UInt8 = 0
         while true {
             let n = read(fd, &byte, 1)
-            if n < 0 { if errno == EINTR { continue }; throw fail("cannot read \(what): \(String(cString: strerror(errno)))") }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw fail("cannot read \(what): \(String(cString: strerror(errno)))")
+            }
             if n == 0 || byte == UInt8(ascii: "\n") { break }
             guard length < maxLength else { throw fail("\(what): password longer than \(maxLength) bytes") }
             buffer.withUnsafeMutableBytes { $0[length] = byte }
@@ -157,7 +160,7 @@ enum SecretReader {
         byte = 0
         if length > 0, buffer.withUnsafeBytes({ $0[length - 1] }) == UInt8(ascii: "\r") { length -= 1 }
         guard length > 0 else { throw fail("\(what) gave an empty password") }
-        let result = buffer.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[0 ..< length])) }
+        let result = buffer.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[0..<length])) }
         buffer.wipe()
         return result
     }
@@ -170,13 +173,16 @@ enum SecretReader {
                 guard let base = b.baseAddress else { return -1 }
                 return read(fd, base + length, maxLength - length)
             }
-            if n < 0 { if errno == EINTR { continue }; throw fail("cannot read \(what)") }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw fail("cannot read \(what)")
+            }
             if n == 0 { break }
             length += n
         }
         close(fd)
         guard length > 0 else { throw fail("\(what) gave an empty secret") }
-        let result = buffer.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[0 ..< length])) }
+        let result = buffer.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[0..<length])) }
         buffer.wipe()
         return result
     }
@@ -216,7 +222,10 @@ enum SecretReader {
         if confirm {
             let second = try ask("Repeat: ")
             defer { second.wipe() }
-            guard first.constantTimeEquals(second) else { first.wipe(); throw fail("the passwords do not match") }
+            guard first.constantTimeEquals(second) else {
+                first.wipe()
+                throw fail("the passwords do not match")
+            }
         }
         return first
     }

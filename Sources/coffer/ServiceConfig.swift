@@ -43,7 +43,9 @@ struct ServiceConfig: Equatable {
             let key = trimmed[..<eq].trimmingCharacters(in: .whitespaces).lowercased()
             let value = trimmed[trimmed.index(after: eq)...].trimmingCharacters(in: .whitespaces)
             if key == "password" || key == "pass" || key == "passphrase" {
-                throw fail("\(file):\(line): a password never goes in the config file; use passfile = FILE (readable only by you), keyfile = FILE, credential = NAME (systemd LoadCredential=) or extpass = CMD")
+                throw fail(
+                    "\(file):\(line): a password never goes in the config file; use passfile = FILE (readable only by you), keyfile = FILE, credential = NAME (systemd LoadCredential=) or extpass = CMD"
+                )
             }
             guard keys.contains(key) else {
                 throw fail("\(file):\(line): unknown key \"\(key)\" (known: \(keys.joined(separator: ", ")))")
@@ -62,15 +64,19 @@ struct ServiceConfig: Equatable {
         let uri = values["container"].map(\.value).flatMap { ContainerURI.isURI($0) ? $0 : nil }
         guard let container = try uri ?? path("container") else { throw fail("\(file): no \"container\" given") }
         guard let mountpoint = try path("mountpoint") else { throw fail("\(file): no \"mountpoint\" given") }
-        var config = ServiceConfig(container: container, mountpoint: mountpoint, passfile: try path("passfile"),
-                                   keyfile: try path("keyfile"), extpass: values["extpass"]?.value,
-                                   credential: values["credential"]?.value, options: values["options"]?.value)
+        var config = ServiceConfig(
+            container: container, mountpoint: mountpoint, passfile: try path("passfile"),
+            keyfile: try path("keyfile"), extpass: values["extpass"]?.value,
+            credential: values["credential"]?.value, options: values["options"]?.value)
         let sources = ["passfile", "keyfile", "extpass", "credential"].filter { values[$0] != nil }
         if sources.count > 1 { throw fail("\(file): give only one password source (found \(sources.joined(separator: ", ")))") }
         if let name = config.credential {
             guard !name.contains("/"), name != ".", name != ".." else { throw fail("\(file): credential \"\(name)\" must be a plain name") }
             guard let dir = environment["CREDENTIALS_DIRECTORY"], !dir.isEmpty else {
-                throw CLIFailure(message: "credential \"\(name)\": $CREDENTIALS_DIRECTORY is not set (run as a service with LoadCredential=\(name):FILE or LoadCredentialEncrypted=\(name):FILE)", code: ExitStatus.badPasswordInput)
+                throw CLIFailure(
+                    message:
+                        "credential \"\(name)\": $CREDENTIALS_DIRECTORY is not set (run as a service with LoadCredential=\(name):FILE or LoadCredentialEncrypted=\(name):FILE)",
+                    code: ExitStatus.badPasswordInput)
             }
             config.passfile = dir + "/" + name
         }

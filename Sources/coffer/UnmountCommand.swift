@@ -31,11 +31,14 @@ struct UnmountCommand: ParsableCommand {
             guard process.terminationStatus == 0 else {
                 let why = String(decoding: errPipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
                 let busy = why.contains("busy")
-                throw CLIFailure(message: busy ? "\(mnt) is busy (a process uses it); close it or use --lazy" : "cannot unmount \(mnt): \(why.trimmingCharacters(in: .whitespacesAndNewlines))", code: ExitStatus.failure)
+                throw CLIFailure(
+                    message: busy
+                        ? "\(mnt) is busy (a process uses it); close it or use --lazy"
+                        : "cannot unmount \(mnt): \(why.trimmingCharacters(in: .whitespacesAndNewlines))", code: ExitStatus.failure)
             }
             // The daemon commits after the kernel lets go; wait for it so "unmounted" means "durable".
             if let pid = daemon, !lazy {
-                for _ in 0 ..< 600 where kill(pid, 0) == 0 { usleep(50_000) }
+                for _ in 0..<600 where kill(pid, 0) == 0 { usleep(50_000) }
             }
         }
     }
@@ -57,7 +60,11 @@ extension UnmountCommand {
 
 /// /proc/mounts, read for mountpoints and for where a container is mounted.
 enum MountTable {
-    struct Entry { let source: String; let mountpoint: String; let type: String }
+    struct Entry {
+        let source: String
+        let mountpoint: String
+        let type: String
+    }
 
     static func entries() -> [Entry] {
         guard let text = try? String(contentsOfFile: "/proc/mounts", encoding: .utf8) else { return [] }
@@ -83,9 +90,14 @@ enum MountTable {
         var out = [UInt8](), bytes = Array(s.utf8), i = 0
         while i < bytes.count {
             if bytes[i] == UInt8(ascii: "\\"), i + 3 < bytes.count,
-               let v = UInt8(String(decoding: bytes[i + 1 ... i + 3], as: UTF8.self), radix: 8) {
-                out.append(v); i += 4
-            } else { out.append(bytes[i]); i += 1 }
+                let v = UInt8(String(decoding: bytes[i + 1...i + 3], as: UTF8.self), radix: 8)
+            {
+                out.append(v)
+                i += 4
+            } else {
+                out.append(bytes[i])
+                i += 1
+            }
         }
         return String(decoding: out, as: UTF8.self)
     }

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // The "Foundation" issue: init, info, passwd and header authentication, through the built binary.
@@ -67,8 +67,9 @@ struct CLITests {
     func initWithTerminalPrompt() throws {
         let sb = try Sandbox("initpty")
         defer { sb.cleanup() }
-        let r = E2E.onTerminal([E2E.coffer, "init", sb.container] + Sandbox.kdfArgs,
-                               answers: [("New password: ", sb.password), ("Repeat: ", sb.password)])
+        let r = E2E.onTerminal(
+            [E2E.coffer, "init", sb.container] + Sandbox.kdfArgs,
+            answers: [("New password: ", sb.password), ("Repeat: ", sb.password)])
         try #require(r.status == 0, "\(r)")
         #expect(r.stdout.contains("Created container"), "\(r)")
         #expect(!r.stdout.contains(sb.password), "the password was echoed on the terminal: \(r)")
@@ -80,8 +81,9 @@ struct CLITests {
     func initPromptMismatchIsRefused() throws {
         let sb = try Sandbox("initmis")
         defer { sb.cleanup() }
-        let r = E2E.onTerminal([E2E.coffer, "init", sb.container] + Sandbox.kdfArgs,
-                               answers: [("New password: ", "first-\(sb.password)"), ("Repeat: ", "second-\(sb.password)")])
+        let r = E2E.onTerminal(
+            [E2E.coffer, "init", sb.container] + Sandbox.kdfArgs,
+            answers: [("New password: ", "first-\(sb.password)"), ("Repeat: ", "second-\(sb.password)")])
         #expect(r.status == 17, "\(r)")
         #expect(r.stdout.contains("do not match"), "\(r)")
         #expect(!FileManager.default.fileExists(atPath: sb.container + "/coffer.json"), "a container was created anyway")
@@ -156,7 +158,9 @@ struct CLITests {
         try #require(sb.initContainer().ok)
         let r = E2E.coffer(["info", sb.container, "--passfile", sb.passfile])
         try #require(r.ok, "\(r)")
-        #expect(r.stdout.range(of: #"Entities:\s+\d+ inodes, \d+ directory entries, \d+ content chunks, \d+ xattrs"#, options: .regularExpression) != nil, "\(r)")
+        #expect(
+            r.stdout.range(of: #"Entities:\s+\d+ inodes, \d+ directory entries, \d+ content chunks, \d+ xattrs"#, options: .regularExpression) != nil,
+            "\(r)")
         #expect(!(r.stdout + r.stderr).contains(sb.password))
     }
 

@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `coffer copy` through the real binary: directory and PostgreSQL copies that mount and check clean,
@@ -18,7 +18,7 @@ struct CopyTests {
         try #require(mkdir(sb.mnt + "/docs", 0o755) == 0 && mkdir(sb.mnt + "/docs/deep", 0o700) == 0)
         try E2E.write(sb.mnt + "/docs/big.bin", E2E.randomBytes(1 << 20))
         try E2E.write(sb.mnt + "/docs/deep/mid.bin", E2E.randomBytes(100_000))
-        for i in 0 ..< 40 { try E2E.write(sb.mnt + "/docs/f\(i).txt", "file \(i)\n") }
+        for i in 0..<40 { try E2E.write(sb.mnt + "/docs/f\(i).txt", "file \(i)\n") }
         try #require(symlink("docs/f1.txt", sb.mnt + "/link") == 0)
         let x = E2E.py("import os, sys; os.setxattr(sys.argv[1], 'user.note', b'v')", [sb.mnt + "/docs/f2.txt"])
         try #require(x.ok, "\(x)")
@@ -72,8 +72,9 @@ struct CopyTests {
         #expect(!r.stderr.contains("copying ["), "no progress bar when stderr is not a terminal: \(r)")
         Self.fsckClean(sb, copy)
         let info = E2E.coffer(["info", copy]), original = E2E.coffer(["info", sb.container])
-        #expect(info.ok && info.stdout.replacingOccurrences(of: copy, with: "") == original.stdout.replacingOccurrences(of: sb.container, with: ""),
-                "the same header: \(info) \(original)")
+        #expect(
+            info.ok && info.stdout.replacingOccurrences(of: copy, with: "") == original.stdout.replacingOccurrences(of: sb.container, with: ""),
+            "the same header: \(info) \(original)")
         try Self.expectSameFiles(sb, copy, files)
 
         // The original moves on; the copy is now an older state of the same container.
@@ -180,7 +181,8 @@ struct CopyTests {
         let copy = sb.root + "/copy"
         // Killed after the schema and the inodes were committed; one copied inode row is then changed.
         #expect(Self.copy([sb.container, copy], killAfter: 2).status != 0)
-        let flip = E2E.py("""
+        let flip = E2E.py(
+            """
             import sqlite3, sys
             db = sqlite3.connect(sys.argv[1])
             id, v = db.execute('SELECT id, value FROM inodes ORDER BY id DESC LIMIT 1').fetchone()

@@ -3,7 +3,7 @@ import CofferTestSupport
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Issue 5, "Surviving faults": the daemon is SIGKILLed at random moments while a worker changes files
@@ -50,405 +50,408 @@ enum CrashScripts {
     /// The journal, outside the mount, gets a line before each change ("sb", "ab", "mb", "tb", "db") and,
     /// only after fsync returned, the synced state ("ss" with the sha256, "as" with the length, "ms" with
     /// the block versions, "ts" with the change, "ds", "dir"). Runs until the mount goes away.
-    static let worker = common + "\n" + #"""
-        # Worker: changes files under MNT/ROUND in a loop until the mount goes away. Journal lines (JSON) go to a
-        # file outside the mount: "...b" lines before a change starts, "...s" lines only after fsync returned.
-        mnt, rnd, jpath, seed, stop = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    static let worker =
+        common + "\n" + #"""
+            # Worker: changes files under MNT/ROUND in a loop until the mount goes away. Journal lines (JSON) go to a
+            # file outside the mount: "...b" lines before a change starts, "...s" lines only after fsync returned.
+            mnt, rnd, jpath, seed, stop = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 
-        class LostWriteback(Exception):
-            """Under the kernel's writeback cache, a WRITE the kernel had in flight when the daemon was
-            killed fails, and the kernel reports the lost write-back as EIO at the file's next close or
-            fsync (as for any failed write-back). That is unsynced data going down with the daemon, not
-            a damaged file. Raised instead of that EIO, only from close and fsync and only once the mount
-            has lost its daemon (a new request gets ENOTCONN); any other EIO stays an OSError."""
+            class LostWriteback(Exception):
+                """Under the kernel's writeback cache, a WRITE the kernel had in flight when the daemon was
+                killed fails, and the kernel reports the lost write-back as EIO at the file's next close or
+                fsync (as for any failed write-back). That is unsynced data going down with the daemon, not
+                a damaged file. Raised instead of that EIO, only from close and fsync and only once the mount
+                has lost its daemon (a new request gets ENOTCONN); any other EIO stays an OSError."""
 
-        def lost_daemon():
-            try:
-                os.statvfs(mnt)
-                return False
-            except OSError as e:
-                return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-
-        def telling_lost_writeback(call):
-            def checked(fd):
+            def lost_daemon():
                 try:
-                    return call(fd)
+                    os.statvfs(mnt)
+                    return False
                 except OSError as e:
-                    if e.errno == errno.EIO and lost_daemon():
-                        raise LostWriteback('%s: write-back lost with the daemon' % call.__name__) from None
-                    raise
-            return checked
-        os.close, os.fsync = telling_lost_writeback(os.close), telling_lost_writeback(os.fsync)
+                    return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
 
-        R = random.Random(seed)
-        J = os.open(jpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            def telling_lost_writeback(call):
+                def checked(fd):
+                    try:
+                        return call(fd)
+                    except OSError as e:
+                        if e.errno == errno.EIO and lost_daemon():
+                            raise LostWriteback('%s: write-back lost with the daemon' % call.__name__) from None
+                        raise
+                return checked
+            os.close, os.fsync = telling_lost_writeback(os.close), telling_lost_writeback(os.fsync)
 
-        def log(*x):
-            os.write(J, (json.dumps(list(x)) + '\n').encode())
+            R = random.Random(seed)
+            J = os.open(jpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-        def P(rel):
-            return os.path.join(mnt, rel)
+            def log(*x):
+                os.write(J, (json.dumps(list(x)) + '\n').encode())
 
-        def write_all(fd, data, offset=None):
-            done = 0
-            while done < len(data):
-                chunk = data[done:]
-                n = os.write(fd, chunk) if offset is None else os.pwrite(fd, chunk, offset + done)
-                done += n
+            def P(rel):
+                return os.path.join(mnt, rel)
 
-        def fsync_path(rel):
-            fd = os.open(P(rel) if rel else mnt, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            def write_all(fd, data, offset=None):
+                done = 0
+                while done < len(data):
+                    chunk = data[done:]
+                    n = os.write(fd, chunk) if offset is None else os.pwrite(fd, chunk, offset + done)
+                    done += n
 
-        def mkdir(rel):
-            os.mkdir(P(rel))
-            fsync_path(os.path.dirname(rel))
-            log('dir', rel)
-
-        def put_small(rel, v, sync):
-            """Like an editor: whole new content to a temporary name, then rename over the file."""
-            data = small_content(rel, v)
-            log('sb', rel, v)
-            tmp = rel + '.tmp'
-            fd = os.open(P(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                cut = R.randint(0, len(data))
-                write_all(fd, data[:cut])
-                write_all(fd, data[cut:])
-                if sync:
+            def fsync_path(rel):
+                fd = os.open(P(rel) if rel else mnt, os.O_RDONLY)
+                try:
                     os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(P(tmp), P(rel))
-            if sync:
-                fsync_path(os.path.dirname(rel))
-                log('ss', rel, v, hashlib.sha256(data).hexdigest())
+                finally:
+                    os.close(fd)
 
-        dirs = [rnd + '/d%d' % i for i in range(3)]
-        big, logf, mid = rnd + '/big.bin', rnd + '/log.bin', rnd + '/mid.bin'
-        smalls = {}      # live small files: path -> version
-        serial = 0
-        mkdir(rnd)
-        for d in dirs:
-            mkdir(d)
-        appended = {}    # append files: path -> [length, records]
-        for path in (big, logf):
-            fd = os.open(P(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            def mkdir(rel):
+                os.mkdir(P(rel))
+                fsync_path(os.path.dirname(rel))
+                log('dir', rel)
+
+            def put_small(rel, v, sync):
+                """Like an editor: whole new content to a temporary name, then rename over the file."""
+                data = small_content(rel, v)
+                log('sb', rel, v)
+                tmp = rel + '.tmp'
+                fd = os.open(P(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    cut = R.randint(0, len(data))
+                    write_all(fd, data[:cut])
+                    write_all(fd, data[cut:])
+                    if sync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(P(tmp), P(rel))
+                if sync:
+                    fsync_path(os.path.dirname(rel))
+                    log('ss', rel, v, hashlib.sha256(data).hexdigest())
+
+            dirs = [rnd + '/d%d' % i for i in range(3)]
+            big, logf, mid = rnd + '/big.bin', rnd + '/log.bin', rnd + '/mid.bin'
+            smalls = {}      # live small files: path -> version
+            serial = 0
+            mkdir(rnd)
+            for d in dirs:
+                mkdir(d)
+            appended = {}    # append files: path -> [length, records]
+            for path in (big, logf):
+                fd = os.open(P(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.fsync(fd)
+                os.close(fd)
+                fsync_path(rnd)
+                log('as', path, 0)
+                appended[path] = [0, 0]
+            versions = [0] * NB
+            tmp = mid + '.tmp'
+            fd = os.open(P(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            write_all(fd, b''.join(block(mid, b, 0) for b in range(NB)))
+            os.fsync(fd)
+            os.close(fd)
+            os.rename(P(tmp), P(mid))
+            fsync_path(rnd)
+            log('ms', mid, versions)
+            trunc = rnd + '/trunc.bin'
+            fd = os.open(P(trunc), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             os.fsync(fd)
             os.close(fd)
             fsync_path(rnd)
-            log('as', path, 0)
-            appended[path] = [0, 0]
-        versions = [0] * NB
-        tmp = mid + '.tmp'
-        fd = os.open(P(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        write_all(fd, b''.join(block(mid, b, 0) for b in range(NB)))
-        os.fsync(fd)
-        os.close(fd)
-        os.rename(P(tmp), P(mid))
-        fsync_path(rnd)
-        log('ms', mid, versions)
-        trunc = rnd + '/trunc.bin'
-        fd = os.open(P(trunc), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        os.fsync(fd)
-        os.close(fd)
-        fsync_path(rnd)
-        log('ts', trunc, 0)
-        log('setup')
-        held = []       # descriptors of files unlinked while open
-        op = 0
-        while True:
-            op += 1
-            if os.path.exists(stop):
-                # Asked to stop (between changes, not killed in one: a writer killed inside write()
-                # may have the kernel send the part up to a page boundary, a state of its own).
-                sys.exit(0)
-            if R.random() < 0.03:
-                # Quiet for a while: the daemon checkpoints the WAL after 1 s without writes, so some
-                # kills land in or after a checkpoint.
-                time.sleep(R.uniform(1.0, 2.0))
-            x = R.random()
-            sync = R.random() < 0.35
-            if x < 0.28 or not smalls:
-                serial += 1
-                rel = R.choice(dirs) + '/s%d' % serial
-                put_small(rel, 1, sync)
-                smalls[rel] = 1
-            elif x < 0.50:
-                rel = R.choice(sorted(smalls))
-                smalls[rel] += 1
-                put_small(rel, smalls[rel], sync)
-            elif x < 0.55:
-                rel = R.choice(sorted(smalls))
-                del smalls[rel]
-                log('db', rel)
-                os.unlink(P(rel))
-                if sync:
-                    fsync_path(os.path.dirname(rel))
-                    log('ds', rel)
-            elif x < 0.75 and appended[big][0] < (3 << 20):
-                # One big record, or a burst of log lines through one descriptor.
-                path = big if R.random() < 0.5 else logf
-                fd = os.open(P(path), os.O_WRONLY | os.O_APPEND)
-                try:
-                    for _ in range(1 if path == big else R.randint(1, 40)):
-                        length, records = appended[path]
-                        data = record(path, records)
-                        log('ab', path, records)
-                        write_all(fd, data)
-                        appended[path] = [length + len(data), records + 1]
-                    if sync:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-                if sync:
-                    log('as', path, appended[path][0])
-            elif x < 0.87:
-                s = R.randrange(NB)
-                c = NB if R.random() < 0.05 else R.randint(1, 12)
-                c = min(c, NB - s)
-                v = op
-                log('mb', mid, s, c, v)
-                fd = os.open(P(mid), os.O_WRONLY)
-                try:
-                    write_all(fd, b''.join(block(mid, b, v) for b in range(s, s + c)), s * BS)
-                    if sync:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-                versions[s:s + c] = [v] * c
-                if sync:
-                    log('ms', mid, versions)
-            elif x < 0.95:
-                # Sparse writes and truncations (shrinking trims chunks, growing leaves holes).
-                fd = os.open(P(trunc), os.O_WRONLY)
-                try:
-                    if R.random() < 0.5:
-                        off, n = R.randrange(400000), R.randint(1, 40000)
-                        log('tb', trunc, op, 'w', off, n)
-                        write_all(fd, gen('t:%s:%d' % (trunc, op), n), off)
-                    else:
-                        n = R.randrange(400000)
-                        log('tb', trunc, op, 't', n, 0)
-                        os.ftruncate(fd, n)
-                    if sync:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-                if sync:
-                    log('ts', trunc, op)
-            elif x < 0.98:
-                # Files unlinked while open (orphans: removed at the last close or the next mount).
-                if held and R.random() < 0.4:
-                    fd = held.pop(R.randrange(len(held)))
-                    write_all(fd, gen('o:%d' % op, 1000))
-                    os.close(fd)
-                else:
-                    rel = rnd + '/o%d' % op
-                    fd = os.open(P(rel), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                    held.append(fd)
-                    write_all(fd, gen('o:%s' % rel, R.randint(1, 100000)))
+            log('ts', trunc, 0)
+            log('setup')
+            held = []       # descriptors of files unlinked while open
+            op = 0
+            while True:
+                op += 1
+                if os.path.exists(stop):
+                    # Asked to stop (between changes, not killed in one: a writer killed inside write()
+                    # may have the kernel send the part up to a page boundary, a state of its own).
+                    sys.exit(0)
+                if R.random() < 0.03:
+                    # Quiet for a while: the daemon checkpoints the WAL after 1 s without writes, so some
+                    # kills land in or after a checkpoint.
+                    time.sleep(R.uniform(1.0, 2.0))
+                x = R.random()
+                sync = R.random() < 0.35
+                if x < 0.28 or not smalls:
+                    serial += 1
+                    rel = R.choice(dirs) + '/s%d' % serial
+                    put_small(rel, 1, sync)
+                    smalls[rel] = 1
+                elif x < 0.50:
+                    rel = R.choice(sorted(smalls))
+                    smalls[rel] += 1
+                    put_small(rel, smalls[rel], sync)
+                elif x < 0.55:
+                    rel = R.choice(sorted(smalls))
+                    del smalls[rel]
+                    log('db', rel)
                     os.unlink(P(rel))
                     if sync:
-                        os.fsync(fd)
-            else:
-                d = rnd + '/x%d' % op
-                mkdir(d)
-                dirs.append(d)
-        """#
+                        fsync_path(os.path.dirname(rel))
+                        log('ds', rel)
+                elif x < 0.75 and appended[big][0] < (3 << 20):
+                    # One big record, or a burst of log lines through one descriptor.
+                    path = big if R.random() < 0.5 else logf
+                    fd = os.open(P(path), os.O_WRONLY | os.O_APPEND)
+                    try:
+                        for _ in range(1 if path == big else R.randint(1, 40)):
+                            length, records = appended[path]
+                            data = record(path, records)
+                            log('ab', path, records)
+                            write_all(fd, data)
+                            appended[path] = [length + len(data), records + 1]
+                        if sync:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    if sync:
+                        log('as', path, appended[path][0])
+                elif x < 0.87:
+                    s = R.randrange(NB)
+                    c = NB if R.random() < 0.05 else R.randint(1, 12)
+                    c = min(c, NB - s)
+                    v = op
+                    log('mb', mid, s, c, v)
+                    fd = os.open(P(mid), os.O_WRONLY)
+                    try:
+                        write_all(fd, b''.join(block(mid, b, v) for b in range(s, s + c)), s * BS)
+                        if sync:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    versions[s:s + c] = [v] * c
+                    if sync:
+                        log('ms', mid, versions)
+                elif x < 0.95:
+                    # Sparse writes and truncations (shrinking trims chunks, growing leaves holes).
+                    fd = os.open(P(trunc), os.O_WRONLY)
+                    try:
+                        if R.random() < 0.5:
+                            off, n = R.randrange(400000), R.randint(1, 40000)
+                            log('tb', trunc, op, 'w', off, n)
+                            write_all(fd, gen('t:%s:%d' % (trunc, op), n), off)
+                        else:
+                            n = R.randrange(400000)
+                            log('tb', trunc, op, 't', n, 0)
+                            os.ftruncate(fd, n)
+                        if sync:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    if sync:
+                        log('ts', trunc, op)
+                elif x < 0.98:
+                    # Files unlinked while open (orphans: removed at the last close or the next mount).
+                    if held and R.random() < 0.4:
+                        fd = held.pop(R.randrange(len(held)))
+                        write_all(fd, gen('o:%d' % op, 1000))
+                        os.close(fd)
+                    else:
+                        rel = rnd + '/o%d' % op
+                        fd = os.open(P(rel), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                        held.append(fd)
+                        write_all(fd, gen('o:%s' % rel, R.randint(1, 100000)))
+                        os.unlink(P(rel))
+                        if sync:
+                            os.fsync(fd)
+                else:
+                    d = rnd + '/x%d' % op
+                    mkdir(d)
+                    dirs.append(d)
+            """#
 
     /// The checker: reads every file and lists every directory of the given rounds, and holds them
     /// against the journals; a round checked before must not have changed since. Prints JSON.
-    static let checker = common + "\n" + #"""
-        # Checker: reads everything under the rounds named in argv[3] and holds it against the journals.
-        mnt, jdir, rounds, snap_path = sys.argv[1], sys.argv[2], sys.argv[3].split(','), sys.argv[4]
-        problems, stats = [], {'files': 0, 'bytes': 0, 'dirs': 0, 'syncedSmall': 0, 'syncedBig': 0, 'syncedLog': 0, 'syncedMidBlocks': 0, 'syncedTrunc': 0, 'deletedSynced': 0}
-        try:
-            with open(snap_path) as f:
-                snapshot = json.load(f)
-        except FileNotFoundError:
-            snapshot = {}
+    static let checker =
+        common + "\n" + #"""
+            # Checker: reads everything under the rounds named in argv[3] and holds it against the journals.
+            mnt, jdir, rounds, snap_path = sys.argv[1], sys.argv[2], sys.argv[3].split(','), sys.argv[4]
+            problems, stats = [], {'files': 0, 'bytes': 0, 'dirs': 0, 'syncedSmall': 0, 'syncedBig': 0, 'syncedLog': 0, 'syncedMidBlocks': 0, 'syncedTrunc': 0, 'deletedSynced': 0}
+            try:
+                with open(snap_path) as f:
+                    snapshot = json.load(f)
+            except FileNotFoundError:
+                snapshot = {}
 
-        def err(e):
-            return errno.errorcode.get(e.errno, str(e.errno))
+            def err(e):
+                return errno.errorcode.get(e.errno, str(e.errno))
 
-        for rnd in rounds:
-            contents, dirs_seen = {}, set()
-            def onerror(e):
-                problems.append('%s: list %s: %s' % (rnd, e.filename, err(e)))
-            for dirpath, dirnames, filenames in os.walk(os.path.join(mnt, rnd), onerror=onerror):
-                rel_dir = os.path.relpath(dirpath, mnt)
-                dirs_seen.add(rel_dir)
-                stats['dirs'] += 1
-                for name in filenames:
-                    rel = rel_dir + '/' + name
-                    try:
-                        with open(os.path.join(mnt, rel), 'rb') as f:
-                            contents[rel] = f.read()
-                        stats['files'] += 1
-                        stats['bytes'] += len(contents[rel])
-                    except OSError as e:
-                        problems.append('%s: read %s: %s' % (rnd, rel, err(e)))
-            entries = []
-            with open(os.path.join(jdir, rnd + '.jsonl')) as f:
-                for line in f:
-                    try:
-                        entries.append(json.loads(line))
-                    except ValueError:
-                        pass    # a line cut short: the worker was killed while writing it
-            if ['setup'] not in entries:
-                # Killed before its files were all made: only what was synced must be there.
-                pass
-            small = {}
-            appends = {rnd + '/big.bin': {'synced': 0, 'begun': -1, 'made': False},
-                       rnd + '/log.bin': {'synced': 0, 'begun': -1, 'made': False}}
-            mid = {'synced': [0] * NB, 'begun': [{0} for _ in range(NB)], 'made': False}
-            dirs = set()
-            for e in entries:
-                k = e[0]
-                if k == 'dir':
-                    dirs.add(e[1])
-                elif k in ('sb', 'ss', 'db', 'ds'):
-                    s = small.setdefault(e[1], {'begun': 0, 'synced': 0, 'db': False, 'ds': False})
-                    if k == 'sb': s['begun'] = max(s['begun'], e[2])
-                    if k == 'ss': s['synced'] = max(s['synced'], e[2])
-                    if k == 'db': s['db'] = True
-                    if k == 'ds': s['ds'] = True
-                elif k == 'ab' and e[1] in appends:
-                    appends[e[1]]['begun'] = max(appends[e[1]]['begun'], e[2])
-                elif k == 'as' and e[1] in appends:
-                    a = appends[e[1]]
-                    a['synced'] = max(a['synced'], e[2]); a['made'] = True
-                elif k == 'mb':
-                    for b in range(e[2], e[2] + e[3]):
-                        mid['begun'][b].add(e[4])
-                elif k == 'ms':
-                    mid['synced'] = e[2]; mid['made'] = True; mid['path'] = e[1]
-            for d in dirs:
-                if d not in dirs_seen:
-                    problems.append('%s: directory %s made and synced, missing' % (rnd, d))
-            known = set()
-            for path, s in small.items():
-                known.add(path)
-                c = contents.get(path)
-                if s['ds']:
-                    stats['deletedSynced'] += 1
-                    if c is not None:
-                        problems.append('%s: %s deleted and synced, still there' % (rnd, path))
-                    continue
-                if c is None:
-                    if s['synced'] and not s['db']:
-                        problems.append('%s: %s synced at version %d, missing' % (rnd, path, s['synced']))
-                    continue
-                head, _, _ = c.partition(b'\n')
-                parts = head.split(b'|')
-                try:
-                    v = int(parts[1]) if len(parts) == 3 and parts[0].decode() == path else -1
-                except ValueError:
-                    v = -1
-                if v < 1 or v > s['begun'] or c != small_content(path, v):
-                    problems.append('%s: %s holds no complete version (header %r, %d bytes; begun up to %d, synced %d)' % (rnd, path, head[:80], len(c), s['begun'], s['synced']))
-                elif v < s['synced']:
-                    problems.append('%s: %s went back to version %d after version %d was synced' % (rnd, path, v, s['synced']))
-                elif s['synced']:
-                    stats['syncedSmall'] += 1
-            # Append files: a prefix of everything appended, at least as long as the synced length.
-            for p, a in appends.items():
-                known.add(p)
-                c = contents.get(p)
-                if c is None:
-                    if a['made']:
-                        problems.append('%s: %s (synced) missing' % (rnd, p))
-                    continue
-                expected, k = bytearray(), 0
-                while len(expected) < len(c) and k <= a['begun']:
-                    expected += record(p, k); k += 1
-                if len(c) < a['synced']:
-                    problems.append('%s: %s is %d bytes, %d were synced' % (rnd, p, len(c), a['synced']))
-                elif c != expected[:len(c)]:
-                    at = next((i for i in range(min(len(c), len(expected))) if c[i] != expected[i]), min(len(c), len(expected)))
-                    problems.append('%s: %s (%d bytes) differs from what was appended at byte %d (chunk %d)' % (rnd, p, len(c), at, at // 32768))
-                else:
-                    stats['syncedBig' if p.endswith('/big.bin') else 'syncedLog'] += a['synced']
-            p = rnd + '/mid.bin'; known.add(p)
-            c = contents.get(p)
-            if c is not None or mid['made']:
-                if c is None or len(c) != NB * BS:
-                    problems.append('%s: %s missing or resized (%s bytes)' % (rnd, p, None if c is None else len(c)))
-                else:
-                    for b in range(NB):
-                        piece = c[b * BS:(b + 1) * BS]
-                        bb, v = struct.unpack('>QQ', piece[:16])
-                        if bb != b or v not in mid['begun'][b] or piece != block(p, b, v):
-                            problems.append('%s: %s block %d (bytes %d..%d) holds no complete version (header %d/%d)' % (rnd, p, b, b * BS, (b + 1) * BS, bb, v))
-                        elif v < mid['synced'][b]:
-                            problems.append('%s: %s block %d went back to version %d after %d was synced' % (rnd, p, b, v, mid['synced'][b]))
-                        else:
-                            stats['syncedMidBlocks'] += 1
-            # trunc.bin: each write or truncation is one request, so the file must hold the state after one of
-            # them, no earlier than the last one synced.
-            p = rnd + '/trunc.bin'; known.add(p)
-            c = contents.get(p)
-            synced_op = max((e[2] for e in entries if e[0] == 'ts'), default=None)
-            if c is None:
-                if synced_op is not None:
-                    problems.append('%s: %s (synced) missing' % (rnd, p))
-            else:
-                state = bytearray()
-                states = [(0, hashlib.sha256(state).digest())]
+            for rnd in rounds:
+                contents, dirs_seen = {}, set()
+                def onerror(e):
+                    problems.append('%s: list %s: %s' % (rnd, e.filename, err(e)))
+                for dirpath, dirnames, filenames in os.walk(os.path.join(mnt, rnd), onerror=onerror):
+                    rel_dir = os.path.relpath(dirpath, mnt)
+                    dirs_seen.add(rel_dir)
+                    stats['dirs'] += 1
+                    for name in filenames:
+                        rel = rel_dir + '/' + name
+                        try:
+                            with open(os.path.join(mnt, rel), 'rb') as f:
+                                contents[rel] = f.read()
+                            stats['files'] += 1
+                            stats['bytes'] += len(contents[rel])
+                        except OSError as e:
+                            problems.append('%s: read %s: %s' % (rnd, rel, err(e)))
+                entries = []
+                with open(os.path.join(jdir, rnd + '.jsonl')) as f:
+                    for line in f:
+                        try:
+                            entries.append(json.loads(line))
+                        except ValueError:
+                            pass    # a line cut short: the worker was killed while writing it
+                if ['setup'] not in entries:
+                    # Killed before its files were all made: only what was synced must be there.
+                    pass
+                small = {}
+                appends = {rnd + '/big.bin': {'synced': 0, 'begun': -1, 'made': False},
+                           rnd + '/log.bin': {'synced': 0, 'begun': -1, 'made': False}}
+                mid = {'synced': [0] * NB, 'begun': [{0} for _ in range(NB)], 'made': False}
+                dirs = set()
                 for e in entries:
-                    if e[0] != 'tb':
+                    k = e[0]
+                    if k == 'dir':
+                        dirs.add(e[1])
+                    elif k in ('sb', 'ss', 'db', 'ds'):
+                        s = small.setdefault(e[1], {'begun': 0, 'synced': 0, 'db': False, 'ds': False})
+                        if k == 'sb': s['begun'] = max(s['begun'], e[2])
+                        if k == 'ss': s['synced'] = max(s['synced'], e[2])
+                        if k == 'db': s['db'] = True
+                        if k == 'ds': s['ds'] = True
+                    elif k == 'ab' and e[1] in appends:
+                        appends[e[1]]['begun'] = max(appends[e[1]]['begun'], e[2])
+                    elif k == 'as' and e[1] in appends:
+                        a = appends[e[1]]
+                        a['synced'] = max(a['synced'], e[2]); a['made'] = True
+                    elif k == 'mb':
+                        for b in range(e[2], e[2] + e[3]):
+                            mid['begun'][b].add(e[4])
+                    elif k == 'ms':
+                        mid['synced'] = e[2]; mid['made'] = True; mid['path'] = e[1]
+                for d in dirs:
+                    if d not in dirs_seen:
+                        problems.append('%s: directory %s made and synced, missing' % (rnd, d))
+                known = set()
+                for path, s in small.items():
+                    known.add(path)
+                    c = contents.get(path)
+                    if s['ds']:
+                        stats['deletedSynced'] += 1
+                        if c is not None:
+                            problems.append('%s: %s deleted and synced, still there' % (rnd, path))
                         continue
-                    op, kind, a, n = e[2], e[3], e[4], e[5]
-                    if kind == 'w':
-                        if len(state) < a:
-                            state.extend(bytes(a - len(state)))
-                        state[a:a + n] = gen('t:%s:%d' % (p, op), n)
-                    elif a < len(state):
-                        del state[a:]
+                    if c is None:
+                        if s['synced'] and not s['db']:
+                            problems.append('%s: %s synced at version %d, missing' % (rnd, path, s['synced']))
+                        continue
+                    head, _, _ = c.partition(b'\n')
+                    parts = head.split(b'|')
+                    try:
+                        v = int(parts[1]) if len(parts) == 3 and parts[0].decode() == path else -1
+                    except ValueError:
+                        v = -1
+                    if v < 1 or v > s['begun'] or c != small_content(path, v):
+                        problems.append('%s: %s holds no complete version (header %r, %d bytes; begun up to %d, synced %d)' % (rnd, path, head[:80], len(c), s['begun'], s['synced']))
+                    elif v < s['synced']:
+                        problems.append('%s: %s went back to version %d after version %d was synced' % (rnd, path, v, s['synced']))
+                    elif s['synced']:
+                        stats['syncedSmall'] += 1
+                # Append files: a prefix of everything appended, at least as long as the synced length.
+                for p, a in appends.items():
+                    known.add(p)
+                    c = contents.get(p)
+                    if c is None:
+                        if a['made']:
+                            problems.append('%s: %s (synced) missing' % (rnd, p))
+                        continue
+                    expected, k = bytearray(), 0
+                    while len(expected) < len(c) and k <= a['begun']:
+                        expected += record(p, k); k += 1
+                    if len(c) < a['synced']:
+                        problems.append('%s: %s is %d bytes, %d were synced' % (rnd, p, len(c), a['synced']))
+                    elif c != expected[:len(c)]:
+                        at = next((i for i in range(min(len(c), len(expected))) if c[i] != expected[i]), min(len(c), len(expected)))
+                        problems.append('%s: %s (%d bytes) differs from what was appended at byte %d (chunk %d)' % (rnd, p, len(c), at, at // 32768))
                     else:
-                        state.extend(bytes(a - len(state)))
-                    states.append((op, hashlib.sha256(state).digest()))
-                h = hashlib.sha256(c).digest()
-                matching = [op for op, d in states if d == h]
-                if not matching:
-                    problems.append('%s: %s (%d bytes) holds no state the worker produced (%d changes)' % (rnd, p, len(c), len(states) - 1))
-                elif synced_op is not None and max(matching) < synced_op:
-                    problems.append('%s: %s went back to the state after change %d, change %d was synced' % (rnd, p, max(matching), synced_op))
-                elif synced_op is not None:
-                    stats['syncedTrunc'] += 1
-            for path in contents:
-                # o* files: made to be unlinked while open; one may be caught before its unlink.
-                if path not in known and not path.endswith('.tmp') and not os.path.basename(path).startswith('o'):
-                    problems.append('%s: unexpected file %s' % (rnd, path))
-            digest = {p: hashlib.sha256(c).hexdigest() for p, c in contents.items()}
-            if rnd in snapshot and snapshot[rnd] != digest:
-                changed = sorted(set(snapshot[rnd]) ^ set(digest)) + sorted(p for p in digest if p in snapshot[rnd] and snapshot[rnd][p] != digest[p])
-                problems.append('%s: changed since it was last checked: %s' % (rnd, changed[:10]))
-            snapshot[rnd] = digest
-        # The whole mount, for the entity counts of `coffer info`: the root, one inode and one entry per
-        # name (no hard links are made), and ceil(st_blocks * 512 / 32 KiB) chunks per regular file.
-        stats['allInodes'], stats['allEntries'], stats['allChunks'] = 1, 0, 0
-        for dirpath, dirnames, filenames in os.walk(mnt):
-            for name in dirnames + filenames:
-                st = os.lstat(os.path.join(dirpath, name))
-                stats['allInodes'] += 1
-                stats['allEntries'] += 1
-                if (st.st_mode & 0o170000) == 0o100000:
-                    stats['allChunks'] += -(-st.st_blocks * 512 // 32768)
-        with open(snap_path, 'w') as f:
-            json.dump(snapshot, f)
-        print(json.dumps({'problems': problems, 'stats': stats}))
-        """#
+                        stats['syncedBig' if p.endswith('/big.bin') else 'syncedLog'] += a['synced']
+                p = rnd + '/mid.bin'; known.add(p)
+                c = contents.get(p)
+                if c is not None or mid['made']:
+                    if c is None or len(c) != NB * BS:
+                        problems.append('%s: %s missing or resized (%s bytes)' % (rnd, p, None if c is None else len(c)))
+                    else:
+                        for b in range(NB):
+                            piece = c[b * BS:(b + 1) * BS]
+                            bb, v = struct.unpack('>QQ', piece[:16])
+                            if bb != b or v not in mid['begun'][b] or piece != block(p, b, v):
+                                problems.append('%s: %s block %d (bytes %d..%d) holds no complete version (header %d/%d)' % (rnd, p, b, b * BS, (b + 1) * BS, bb, v))
+                            elif v < mid['synced'][b]:
+                                problems.append('%s: %s block %d went back to version %d after %d was synced' % (rnd, p, b, v, mid['synced'][b]))
+                            else:
+                                stats['syncedMidBlocks'] += 1
+                # trunc.bin: each write or truncation is one request, so the file must hold the state after one of
+                # them, no earlier than the last one synced.
+                p = rnd + '/trunc.bin'; known.add(p)
+                c = contents.get(p)
+                synced_op = max((e[2] for e in entries if e[0] == 'ts'), default=None)
+                if c is None:
+                    if synced_op is not None:
+                        problems.append('%s: %s (synced) missing' % (rnd, p))
+                else:
+                    state = bytearray()
+                    states = [(0, hashlib.sha256(state).digest())]
+                    for e in entries:
+                        if e[0] != 'tb':
+                            continue
+                        op, kind, a, n = e[2], e[3], e[4], e[5]
+                        if kind == 'w':
+                            if len(state) < a:
+                                state.extend(bytes(a - len(state)))
+                            state[a:a + n] = gen('t:%s:%d' % (p, op), n)
+                        elif a < len(state):
+                            del state[a:]
+                        else:
+                            state.extend(bytes(a - len(state)))
+                        states.append((op, hashlib.sha256(state).digest()))
+                    h = hashlib.sha256(c).digest()
+                    matching = [op for op, d in states if d == h]
+                    if not matching:
+                        problems.append('%s: %s (%d bytes) holds no state the worker produced (%d changes)' % (rnd, p, len(c), len(states) - 1))
+                    elif synced_op is not None and max(matching) < synced_op:
+                        problems.append('%s: %s went back to the state after change %d, change %d was synced' % (rnd, p, max(matching), synced_op))
+                    elif synced_op is not None:
+                        stats['syncedTrunc'] += 1
+                for path in contents:
+                    # o* files: made to be unlinked while open; one may be caught before its unlink.
+                    if path not in known and not path.endswith('.tmp') and not os.path.basename(path).startswith('o'):
+                        problems.append('%s: unexpected file %s' % (rnd, path))
+                digest = {p: hashlib.sha256(c).hexdigest() for p, c in contents.items()}
+                if rnd in snapshot and snapshot[rnd] != digest:
+                    changed = sorted(set(snapshot[rnd]) ^ set(digest)) + sorted(p for p in digest if p in snapshot[rnd] and snapshot[rnd][p] != digest[p])
+                    problems.append('%s: changed since it was last checked: %s' % (rnd, changed[:10]))
+                snapshot[rnd] = digest
+            # The whole mount, for the entity counts of `coffer info`: the root, one inode and one entry per
+            # name (no hard links are made), and ceil(st_blocks * 512 / 32 KiB) chunks per regular file.
+            stats['allInodes'], stats['allEntries'], stats['allChunks'] = 1, 0, 0
+            for dirpath, dirnames, filenames in os.walk(mnt):
+                for name in dirnames + filenames:
+                    st = os.lstat(os.path.join(dirpath, name))
+                    stats['allInodes'] += 1
+                    stats['allEntries'] += 1
+                    if (st.st_mode & 0o170000) == 0o100000:
+                        stats['allChunks'] += -(-st.st_blocks * 512 // 32768)
+            with open(snap_path, 'w') as f:
+                json.dump(snapshot, f)
+            print(json.dumps({'problems': problems, 'stats': stats}))
+            """#
 }
 
-@Suite("Crash safety: SIGKILL while writing",
-       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
-       .enabled(if: E2E.python != nil, "python3 is needed for the worker and the checker"),
-       .enabled(if: E2E.which("sqlite3") != nil, "sqlite3 is needed for PRAGMA integrity_check"))
+@Suite(
+    "Crash safety: SIGKILL while writing",
+    .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+    .enabled(if: E2E.python != nil, "python3 is needed for the worker and the checker"),
+    .enabled(if: E2E.which("sqlite3") != nil, "sqlite3 is needed for PRAGMA integrity_check"))
 struct CrashTests {
     /// Rounds (COFFER_CRASH_ROUNDS, default 30) of: worker running, SIGKILL of the daemon after a random
     /// delay (every fourth round: a few milliseconds into an unmount), lazy unmount, integrity check and
@@ -456,7 +459,7 @@ struct CrashTests {
     @Test func sigkillLoopKeepsEverythingFsynced() throws {
         let env = ProcessInfo.processInfo.environment
         let rounds = env["COFFER_CRASH_ROUNDS"].flatMap { Int($0) } ?? 30
-        let seed = env["COFFER_CRASH_SEED"].flatMap { UInt64($0) } ?? UInt64.random(in: 1 ... 999_999_999)
+        let seed = env["COFFER_CRASH_SEED"].flatMap { UInt64($0) } ?? UInt64.random(in: 1...999_999_999)
         print("CrashTests: seed \(seed), \(rounds) rounds (COFFER_CRASH_SEED=\(seed) replays the kill times and the workers)")
         var rng = SplitMix64(seed: seed)
         let started = Date()
@@ -469,7 +472,7 @@ struct CrashTests {
         var killsInUnmount = 0
         var lostWritebacks = 0
 
-        for round in 0 ..< rounds {
+        for round in 0..<rounds {
             let name = String(format: "r%02d", round)
             names.append(name)
             let journal = journals + "/\(name).jsonl"
@@ -478,7 +481,10 @@ struct CrashTests {
             let context = "round \(round) (seed \(seed), kill \(delay) s after setup)"
             let stop = journals + "/\(name).stop"
             let worker = try Child(E2E.python ?? "/usr/bin/python3", ["-c", CrashScripts.worker, sb.mnt, name, journal, "\(workerSeed)", stop])
-            defer { worker.spawned.signal(SIGKILL); worker.stop() }
+            defer {
+                worker.spawned.signal(SIGKILL)
+                worker.stop()
+            }
             let setUp = E2E.wait(30) { E2E.readText(journal)?.contains("[\"setup\"]") == true || !worker.spawned.isRunning }
             usleep(useconds_t(delay * 1_000_000))
             let running = worker.spawned.isRunning
@@ -550,7 +556,9 @@ struct CrashTests {
                 // Evidence for a bug report: the crashed container as the remount found it, and the journals.
                 let keep = "/tmp/coffer-crash-\(seed)-\(name)"
                 E2E.run("/bin/rm", ["-rf", keep])
-                let saved = E2E.sh("mkdir -p '\(keep)' && cp -a '\(copy)' '\(keep)/container' && cp -a '\(journals)' '\(keep)/journals' && cp '\(sb.passfile)' '\(keep)/pass'")
+                let saved = E2E.sh(
+                    "mkdir -p '\(keep)' && cp -a '\(copy)' '\(keep)/container' && cp -a '\(journals)' '\(keep)/journals' && cp '\(sb.passfile)' '\(keep)/pass'"
+                )
                 print("CrashTests: \(context): crashed container and journals kept in \(keep) (\(saved.ok ? "ok" : saved.description))")
                 break
             }
@@ -575,10 +583,15 @@ struct CrashTests {
         #expect(final.stats["syncedMidBlocks", default: 0] >= 64 * rounds, "mid files missing: \(final.stats)")
         #expect(final.stats["syncedTrunc", default: 0] >= rounds, "truncated files missing: \(final.stats)")
         #expect(sb.unmount().ok)
-        print("CrashTests: \(names.count) rounds in \(Int(Date().timeIntervalSince(started))) s, seed \(seed); \(killsInUnmount) kills during an unmount; \(lostWritebacks) lost write-backs reported at close/fsync after a kill; coffer fsck clean after every crash; final check: \(final.stats)")
+        print(
+            "CrashTests: \(names.count) rounds in \(Int(Date().timeIntervalSince(started))) s, seed \(seed); \(killsInUnmount) kills during an unmount; \(lostWritebacks) lost write-backs reported at close/fsync after a kill; coffer fsck clean after every crash; final check: \(final.stats)"
+        )
     }
 
-    struct CheckResult { let problems: [String]; let stats: [String: Int] }
+    struct CheckResult {
+        let problems: [String]
+        let stats: [String: Int]
+    }
 
     /// Inodes, directory entries and content chunks in the store, from `coffer info` between an unmount
     /// and a mount (the daemon holds the store for itself while mounted).
@@ -613,9 +626,10 @@ struct CrashTests {
 /// Issue 5: a busy mountpoint is reported, not forced (MountTests), unless `--lazy` is asked: then the
 /// mount is detached at once, the process still inside keeps working, and the daemon commits what it
 /// wrote and ends when it lets go.
-@Suite("Busy unmount: --lazy",
-       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
-       .enabled(if: E2E.python != nil, "python3 is needed for the process holding the mount"))
+@Suite(
+    "Busy unmount: --lazy",
+    .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+    .enabled(if: E2E.python != nil, "python3 is needed for the process holding the mount"))
 struct LazyUnmountTests {
     @Test(arguments: ["-z", "--lazy"])
     func lazyUnmountDetachesABusyMountAndCommitsOnRelease(flag: String) throws {
@@ -627,16 +641,24 @@ struct LazyUnmountTests {
         try #require(E2E.cmdline(daemon).contains(sb.container), "lock pid is not our daemon")
         let trigger = sb.root + "/go"
         // Sits in the mount until the trigger appears, then writes through its working directory.
-        let holder = try Child(E2E.python ?? "/usr/bin/python3", ["-c", """
-            import os, sys, time
-            os.chdir(sys.argv[1])
-            while not os.path.exists(sys.argv[2]):
-                time.sleep(0.02)
-            with open('late.txt', 'w') as f:
-                f.write('written after the detach')
-            print(sorted(os.listdir('.')))
-            """, sb.mnt, trigger])
-        defer { holder.spawned.signal(SIGKILL); holder.stop() }
+        let holder = try Child(
+            E2E.python ?? "/usr/bin/python3",
+            [
+                "-c",
+                """
+                import os, sys, time
+                os.chdir(sys.argv[1])
+                while not os.path.exists(sys.argv[2]):
+                    time.sleep(0.02)
+                with open('late.txt', 'w') as f:
+                    f.write('written after the detach')
+                print(sorted(os.listdir('.')))
+                """, sb.mnt, trigger
+            ])
+        defer {
+            holder.spawned.signal(SIGKILL)
+            holder.stop()
+        }
         let inside = E2E.wait(10) { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(holder.pid)/cwd")) == sb.mnt }
         try #require(inside, "the holder did not enter the mount")
 
@@ -664,10 +686,11 @@ struct LazyUnmountTests {
 /// Issue 5: both faults at once. The daemon is killed right after the disk filled up, and the disk is
 /// still full (not one byte free) when the container is mounted again: the store must open and recover,
 /// synced data must read back, and deleting must make room to write again.
-@Suite("Crash safety: killed on a full disk",
-       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
-       .enabled(if: E2E.isRoot, "a tmpfs of fixed size needs root"),
-       .enabled(if: !TestEngine.isPostgres, "a full local disk under the SQLite store; a PostgreSQL server's disk is not the client's"))
+@Suite(
+    "Crash safety: killed on a full disk",
+    .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+    .enabled(if: E2E.isRoot, "a tmpfs of fixed size needs root"),
+    .enabled(if: !TestEngine.isPostgres, "a full local disk under the SQLite store; a PostgreSQL server's disk is not the client's"))
 struct KilledOnAFullDiskTests {
     @Test func remountOnAFullDiskAfterSIGKILL() throws {
         let sb = try Sandbox("fullkill")
@@ -726,29 +749,32 @@ struct KilledOnAFullDiskTests {
 /// `rm -rf` returns before the removed files' rows are deleted: that happens in the background, when the
 /// mount is quiet. Whether the daemon is unmounted or killed meanwhile, no row of a removed file stays
 /// behind and fsck finds nothing.
-@Suite("Removed files: rows deleted in the background",
-       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
-       .enabled(if: E2E.python != nil, "python3 counts the store's rows"),
-       .enabled(if: !TestEngine.isPostgres, "counts SQLite rows and pages (the reaper is engine-independent and runs in the other suites)"))
+@Suite(
+    "Removed files: rows deleted in the background",
+    .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+    .enabled(if: E2E.python != nil, "python3 counts the store's rows"),
+    .enabled(if: !TestEngine.isPostgres, "counts SQLite rows and pages (the reaper is engine-independent and runs in the other suites)"))
 struct BackgroundDeletionTests {
     /// Rows per table of the container's store (read with python3's sqlite3, the daemon stopped).
     static func rowCounts(_ container: String) -> [String: Int] {
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import sqlite3, sys
             db = sqlite3.connect(sys.argv[1] + '/store.db')
             for t in ['inodes', 'dirents', 'chunks', 'chunkmaps', 'xattrs', 'orphans']:
                 print(t, db.execute('SELECT count(*) FROM ' + t).fetchone()[0])
             """, [container])
-        return Dictionary(uniqueKeysWithValues: r.stdout.split(separator: "\n").compactMap { line in
-            let p = line.split(separator: " ")
-            return p.count == 2 ? (String(p[0]), Int(p[1]) ?? -1) : nil
-        })
+        return Dictionary(
+            uniqueKeysWithValues: r.stdout.split(separator: "\n").compactMap { line in
+                let p = line.split(separator: " ")
+                return p.count == 2 ? (String(p[0]), Int(p[1]) ?? -1) : nil
+            })
     }
 
     func makeTree(_ sb: Sandbox) throws {
-        for d in 0 ..< 8 {
+        for d in 0..<8 {
             try FileManager.default.createDirectory(atPath: sb.mnt + "/tree/d\(d)", withIntermediateDirectories: true)
-            for i in 0 ..< 50 { try E2E.write(sb.mnt + "/tree/d\(d)/f\(i)", E2E.randomBytes(1000 + i * 700)) }
+            for i in 0..<50 { try E2E.write(sb.mnt + "/tree/d\(d)/f\(i)", E2E.randomBytes(1000 + i * 700)) }
         }
         try E2E.write(sb.mnt + "/keep", "kept")
         #expect(E2E.sh("sync '\(sb.mnt)/keep'").ok)
@@ -779,7 +805,7 @@ struct BackgroundDeletionTests {
         try sb.initAndMount()
         let store = sb.container + "/store.db"
         #expect(E2E.sh("head -c 100663296 /dev/urandom > '\(sb.mnt)/big.bin' && sync '\(sb.mnt)/big.bin'").ok)
-        try makeTree(sb)   // after big.bin in the store: its pages move when big.bin's go back
+        try makeTree(sb)  // after big.bin in the store: its pages move when big.bin's go back
         let expected = E2E.snapshot(sb.mnt).filter { $0.key != "big.bin" }
         #expect(expected.count == 401)
         let pid = try #require(E2E.daemonPid(container: sb.container))
@@ -788,7 +814,8 @@ struct BackgroundDeletionTests {
         // Watch the freelist and kill the daemon once part of it has gone back. The daemon holds the store
         // for itself, so the count is read from the file: page 1's header (offset 36), in its newest copy in
         // the WAL (frames whose salts match the WAL header's) or else in the database file.
-        let watch = E2E.py("""
+        let watch = E2E.py(
+            """
             import os, signal, struct, sys, time
             store, wal = sys.argv[1], {'off': 32, 'salt': None, 'free': None}
             def freelist():

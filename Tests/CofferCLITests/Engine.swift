@@ -1,7 +1,7 @@
 import CofferTestSupport
 import Foundation
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Which engine the sandboxes' containers use: `COFFER_TEST_ENGINE=postgres` puts each in a schema of

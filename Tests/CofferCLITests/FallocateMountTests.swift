@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// fallocate(1) through a real mount: punching holes, digging holes and zeroing ranges give the
@@ -46,7 +46,8 @@ struct FallocateMountTests {
         #expect(cmp.ok, "after a remount: \(cmp)")
         let blocksAfter = try #require(E2E.statOf(mounted)?.st_blocks)
         // At least the punched 300,000 bytes and the dug 256 KiB came back (whole 32 KiB chunks).
-        #expect(blocksAfter + Int((300_000 - 65_536 + 196_608) / 512) <= blocksBefore,
-                "blocks before \(blocksBefore), after \(blocksAfter)")
+        #expect(
+            blocksAfter + Int((300_000 - 65_536 + 196_608) / 512) <= blocksBefore,
+            "blocks before \(blocksBefore), after \(blocksAfter)")
     }
 }

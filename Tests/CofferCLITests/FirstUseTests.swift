@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Issue 18: what a newcomer trips over on the command line (version, mistyped commands, checks before
@@ -63,7 +63,7 @@ struct FirstUseTests {
             (["passwd", sb.root + "/missing"], 10),
             (["passwd", sb.container, "--new-passfile", sb.root + "/missing"], 17),
             (["info", "--unlock", sb.root + "/missing"], 10),
-            (["fsck", sb.root + "/missing"], 8),
+            (["fsck", sb.root + "/missing"], 8)
         ]
         for c in cases {
             let r = E2E.onTerminal([E2E.coffer] + c.args, answers: [])
@@ -129,8 +129,10 @@ struct FirstUseTests {
         // The unknown-option error and the man page name the same options.
         let bad = E2E.coffer(["mount", "/x", "/y", "-o", "bogus"])
         #expect(bad.status == 64, "\(bad)")
-        let man = try #require(E2E.readText(URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-            .appendingPathComponent("../../docs/coffer.1").standardizedFileURL.path))
+        let man = try #require(
+            E2E.readText(
+                URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+                    .appendingPathComponent("../../docs/coffer.1").standardizedFileURL.path))
         for name in names {
             #expect(bad.stderr.contains(name), "the unknown-option error leaves out \(name): \(bad)")
             #expect(man.contains(name.replacingOccurrences(of: "-", with: "\\-")), "docs/coffer.1 leaves out \(name) (make man)")
@@ -138,7 +140,8 @@ struct FirstUseTests {
         // No hard line breaks inside a sentence: at 2000 columns each paragraph is one line.
         #expect(help.stdout.split(separator: "\n").contains { $0.hasPrefix("Returns once") && $0.hasSuffix("password is asked.") }, "\(help)")
         let top = E2E.run(E2E.coffer, ["--help"], environment: wide)
-        #expect(top.stdout.split(separator: "\n").contains { $0.hasPrefix("Exit statuses:") && $0.hasSuffix("(see `coffer fsck --help`).") }, "\(top)")
+        #expect(
+            top.stdout.split(separator: "\n").contains { $0.hasPrefix("Exit statuses:") && $0.hasSuffix("(see `coffer fsck --help`).") }, "\(top)")
         // init creates a password slot: no --keyfile, and --kdf's default said once.
         let initHelp = E2E.run(E2E.coffer, ["init", "--help"], environment: wide)
         #expect(!initHelp.stdout.contains("--keyfile") && !initHelp.stdout.contains("key file slot"), "\(initHelp)")
@@ -154,7 +157,7 @@ struct FirstUseTests {
             ("coffer mount", { sb.mount() }, true),
             ("mount -t fuse.coffer", { try sb.mountWithMount8() }, true),
             ("coffer mount -o suid,dev", { sb.mount(options: "suid,dev") }, false),
-            ("mount -t fuse.coffer -o allow_suid,allow_dev", { try sb.mountWithMount8(options: "allow_suid,allow_dev") }, false),
+            ("mount -t fuse.coffer -o allow_suid,allow_dev", { try sb.mountWithMount8(options: "allow_suid,allow_dev") }, false)
         ]
         for (form, mount, restricted) in forms {
             let r = try mount()
@@ -211,8 +214,10 @@ struct FirstUseTests {
         let u = E2E.run("/bin/fusermount3", ["-u", sb.mnt], timeout: 30)
         try #require(u.ok && !E2E.isMounted(sb.mnt), "\(u)")
         let err = sb.root + "/mount.err"
-        let child = try #require(Spawned(E2E.coffer, ["mount", sb.container, sb.mnt, "--passfile", sb.passfile],
-                                         stdinPath: "/dev/null", stdoutPath: sb.root + "/mount.out", stderrPath: err))
+        let child = try #require(
+            Spawned(
+                E2E.coffer, ["mount", sb.container, sb.mnt, "--passfile", sb.passfile],
+                stdinPath: "/dev/null", stdoutPath: sb.root + "/mount.out", stderrPath: err))
         let said = E2E.wait(20) { E2E.readText(err)?.contains("waiting for the daemon of an earlier mount") == true }
         #expect(said, "no waiting message: \(E2E.readText(err) ?? "")")
         #expect(child.isRunning, "the new mount did not wait")

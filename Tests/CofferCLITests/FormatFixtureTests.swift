@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Issue 15, item 7: the container Tests/Fixtures/format-1 was made by the code of its day and is never
@@ -83,12 +83,12 @@ struct FormatFixtureTests {
         let n = XattrCalls.llist(path, &names, names.count)
         try #require(n >= 0, "listxattr \(path): errno \(errno)")
         var out: [String: String] = [:]
-        for raw in names[0 ..< n].split(separator: 0) {
+        for raw in names[0..<n].split(separator: 0) {
             let name = String(decoding: raw.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             var value = [UInt8](repeating: 0, count: 65536)
             let size = XattrCalls.lget(path, name, &value, value.count)
             try #require(size >= 0, "getxattr \(path) \(name): errno \(errno)")
-            out[name] = Array(value[0 ..< size]).fixtureHex
+            out[name] = Array(value[0..<size]).fixtureHex
         }
         return out
     }

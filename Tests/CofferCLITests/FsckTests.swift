@@ -2,12 +2,13 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `coffer fsck` on real containers made and filled through a real mount, damaged with sqlite3.
-@Suite("fsck on real containers", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
-       .enabled(if: E2E.which("sqlite3") != nil, "sqlite3 is missing"))
+@Suite(
+    "fsck on real containers", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+    .enabled(if: E2E.which("sqlite3") != nil, "sqlite3 is missing"))
 struct FsckTests {
     /// 7 chunks of 32 KiB (inline map), and a one-chunk file.
     static func filled(_ label: String) throws -> (Sandbox, big: [UInt8], small: [UInt8]) {
@@ -91,7 +92,7 @@ struct FsckTests {
         try #require(m.ok, "\(m)")
         #expect(E2E.read(sb.mnt + "/small.bin") == small, "the undamaged file reads back")
         var expected = big
-        for i in 32768 ..< 65536 { expected[i] = 0 }
+        for i in 32768..<65536 { expected[i] = 0 }
         #expect(E2E.read(sb.mnt + "/docs/big.bin") == expected, "the damaged file keeps its readable chunks; the lost one is zeros")
         let found = (try? FileManager.default.contentsOfDirectory(atPath: sb.mnt + "/lost+found")) ?? []
         #expect(found.count == 1 && found.first?.hasPrefix("big.bin#") == true, "\(found)")
@@ -150,30 +151,30 @@ struct FsckTests {
         try Self.deleteChunk(sb)
         let before = try Self.dump(sb)
         let program = #"""
-        import os, pty, sys, time, select
-        pid, fd = pty.fork()
-        if pid == 0:
-            os.execv(sys.argv[1], sys.argv[1:])
-        out = b''
-        deadline = time.time() + 60
-        answered = False
-        while time.time() < deadline:
-            r, _, _ = select.select([fd], [], [], 0.1)
-            if r:
-                try:
-                    d = os.read(fd, 4096)
-                except OSError:
-                    break
-                if not d:
-                    break
-                out += d
-            if not answered and b'[y/N]' in out:
-                os.write(fd, b'n\n')
-                answered = True
-        _, status = os.waitpid(pid, 0)
-        sys.stdout.write(out.decode(errors='replace'))
-        sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
-        """#
+            import os, pty, sys, time, select
+            pid, fd = pty.fork()
+            if pid == 0:
+                os.execv(sys.argv[1], sys.argv[1:])
+            out = b''
+            deadline = time.time() + 60
+            answered = False
+            while time.time() < deadline:
+                r, _, _ = select.select([fd], [], [], 0.1)
+                if r:
+                    try:
+                        d = os.read(fd, 4096)
+                    except OSError:
+                        break
+                    if not d:
+                        break
+                    out += d
+                if not answered and b'[y/N]' in out:
+                    os.write(fd, b'n\n')
+                    answered = True
+            _, status = os.waitpid(pid, 0)
+            sys.stdout.write(out.decode(errors='replace'))
+            sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
+            """#
         let r = E2E.run(python, ["-c", program, E2E.coffer, "fsck", sb.container, "--passfile", sb.passfile, "--repair"], timeout: 90)
         #expect(r.status == 32, "\(r)")
         #expect(r.stdout.contains("The repair will:"), "the confirmation lists what it will do: \(r)")

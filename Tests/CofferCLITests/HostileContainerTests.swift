@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Issue "Integrity", hostile containers: a seeded fuzz damages a real container in random ways,
@@ -13,147 +13,150 @@ import Glibc
 struct HostileContainerTests {
     /// The damage, chosen and applied by a python3 program from the seed (argv: seed, container).
     static let damage = #"""
-    import json, os, random, sqlite3, sys
-    seed, c = int(sys.argv[1]), sys.argv[2]
-    rnd = random.Random(seed)
-    db_path = os.path.join(c, 'store.db')
-    tables = ['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps', 'orphans', 'coffer_meta', 'coffer_kinds']
-    done = []
+        import json, os, random, sqlite3, sys
+        seed, c = int(sys.argv[1]), sys.argv[2]
+        rnd = random.Random(seed)
+        db_path = os.path.join(c, 'store.db')
+        tables = ['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps', 'orphans', 'coffer_meta', 'coffer_kinds']
+        done = []
 
-    def sql(f):
-        db = sqlite3.connect(db_path)
-        try:
-            f(db); db.commit()
-        except sqlite3.DatabaseError as e:
-            done.append('sqlite refused: %s' % e)
-        db.close()
+        def sql(f):
+            db = sqlite3.connect(db_path)
+            try:
+                f(db); db.commit()
+            except sqlite3.DatabaseError as e:
+                done.append('sqlite refused: %s' % e)
+            db.close()
 
-    def rows(db, t):
-        return db.execute('SELECT rowid, * FROM %s' % t).fetchall() if t in ('inodes', 'chunks', 'chunkmaps', 'orphans', 'coffer_kinds') \
-            else db.execute('SELECT * FROM %s' % t).fetchall()
+        def rows(db, t):
+            return db.execute('SELECT rowid, * FROM %s' % t).fetchall() if t in ('inodes', 'chunks', 'chunkmaps', 'orphans', 'coffer_kinds') \
+                else db.execute('SELECT * FROM %s' % t).fetchall()
 
-    def flip_bytes():
-        data = bytearray(open(db_path, 'rb').read())
-        for _ in range(rnd.choice([1, 1, 2, 8, 64])):
-            i = rnd.randrange(len(data)); data[i] ^= 1 << rnd.randrange(8)
-        open(db_path, 'wb').write(bytes(data)); done.append('flipped bytes in the database file')
+        def flip_bytes():
+            data = bytearray(open(db_path, 'rb').read())
+            for _ in range(rnd.choice([1, 1, 2, 8, 64])):
+                i = rnd.randrange(len(data)); data[i] ^= 1 << rnd.randrange(8)
+            open(db_path, 'wb').write(bytes(data)); done.append('flipped bytes in the database file')
 
-    def flip_value():
-        def f(db):
-            t = rnd.choice(['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps'])
-            r = db.execute('SELECT value FROM %s' % t).fetchall()
-            if not r: return
-            v = bytearray(rnd.choice(r)[0])
-            if v:
-                v[rnd.randrange(len(v))] ^= 1 << rnd.randrange(8)
-            db.execute('UPDATE %s SET value=? WHERE value=?' % t, (bytes(v), rnd.choice(r)[0]))
-            done.append('flipped a bit in a %s value' % t)
-        sql(f)
+        def flip_value():
+            def f(db):
+                t = rnd.choice(['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps'])
+                r = db.execute('SELECT value FROM %s' % t).fetchall()
+                if not r: return
+                v = bytearray(rnd.choice(r)[0])
+                if v:
+                    v[rnd.randrange(len(v))] ^= 1 << rnd.randrange(8)
+                db.execute('UPDATE %s SET value=? WHERE value=?' % t, (bytes(v), rnd.choice(r)[0]))
+                done.append('flipped a bit in a %s value' % t)
+            sql(f)
 
-    def delete_rows():
-        def f(db):
-            t = rnd.choice(['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps', 'coffer_meta', 'coffer_kinds'])
-            n = db.execute('DELETE FROM %s WHERE value IN (SELECT value FROM %s ORDER BY random() LIMIT %d)' % (t, t, rnd.choice([1, 2, 5]))).rowcount \
-                if t not in ('coffer_kinds',) else db.execute('DELETE FROM coffer_kinds WHERE kind = ?', (rnd.randrange(1, 7),)).rowcount
-            done.append('deleted %d row(s) of %s' % (n, t))
-        sql(f)
+        def delete_rows():
+            def f(db):
+                t = rnd.choice(['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps', 'coffer_meta', 'coffer_kinds'])
+                n = db.execute('DELETE FROM %s WHERE value IN (SELECT value FROM %s ORDER BY random() LIMIT %d)' % (t, t, rnd.choice([1, 2, 5]))).rowcount \
+                    if t not in ('coffer_kinds',) else db.execute('DELETE FROM coffer_kinds WHERE kind = ?', (rnd.randrange(1, 7),)).rowcount
+                done.append('deleted %d row(s) of %s' % (n, t))
+            sql(f)
 
-    def duplicate_rows():
-        def f(db):
-            t = rnd.choice(['inodes', 'chunks', 'chunkmaps'])
-            if t == 'inodes':
-                r = db.execute('SELECT id, value FROM inodes ORDER BY random() LIMIT 1').fetchone()
-                db.execute('INSERT OR REPLACE INTO inodes(id, value) VALUES (?, ?)', (rnd.randrange(2, 1 << 62), r[1]))
-            elif t == 'chunks':
-                r = db.execute('SELECT file, idx, value FROM chunks ORDER BY random() LIMIT 1').fetchone()
-                if r: db.execute('INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)', (r[0], r[1] + rnd.choice([1, 2, 100]), r[2]))
+        def duplicate_rows():
+            def f(db):
+                t = rnd.choice(['inodes', 'chunks', 'chunkmaps'])
+                if t == 'inodes':
+                    r = db.execute('SELECT id, value FROM inodes ORDER BY random() LIMIT 1').fetchone()
+                    db.execute('INSERT OR REPLACE INTO inodes(id, value) VALUES (?, ?)', (rnd.randrange(2, 1 << 62), r[1]))
+                elif t == 'chunks':
+                    r = db.execute('SELECT file, idx, value FROM chunks ORDER BY random() LIMIT 1').fetchone()
+                    if r: db.execute('INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)', (r[0], r[1] + rnd.choice([1, 2, 100]), r[2]))
+                else:
+                    r = db.execute('SELECT file, page, value FROM chunkmaps ORDER BY random() LIMIT 1').fetchone()
+                    if r: db.execute('INSERT OR REPLACE INTO chunkmaps VALUES (?, ?, ?)', (r[0], r[1] + 1, r[2]))
+                done.append('duplicated a row of %s' % t)
+            sql(f)
+
+        def move_between_tables():
+            def f(db):
+                src, dst = rnd.sample(['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps'], 2)
+                v = db.execute('SELECT value FROM %s ORDER BY random() LIMIT 1' % src).fetchone()
+                if not v: return
+                v = v[0]
+                if dst == 'inodes': db.execute('UPDATE inodes SET value=? WHERE id IN (SELECT id FROM inodes ORDER BY random() LIMIT 1)', (v,))
+                elif dst == 'chunks': db.execute('UPDATE chunks SET value=? WHERE rowid IN (SELECT rowid FROM chunks ORDER BY random() LIMIT 1)', (v,))
+                elif dst == 'chunkmaps': db.execute('UPDATE chunkmaps SET value=? WHERE rowid IN (SELECT rowid FROM chunkmaps ORDER BY random() LIMIT 1)', (v,))
+                else:
+                    old = db.execute('SELECT value FROM %s ORDER BY random() LIMIT 1' % dst).fetchone()
+                    if old: db.execute('UPDATE %s SET value=? WHERE value=?' % dst, (v, old[0]))
+                done.append('moved a %s value into %s' % (src, dst))
+            sql(f)
+
+        def truncate_file():
+            size = os.path.getsize(db_path)
+            n = rnd.randrange(0, size)
+            os.truncate(db_path, n); done.append('truncated the database to %d of %d bytes' % (n, size))
+
+        def schema_change():
+            def f(db):
+                k = rnd.randrange(6)
+                stmt = ['ALTER TABLE chunks RENAME TO chunks_old', 'DROP TABLE chunkmaps', 'ALTER TABLE inodes ADD COLUMN extra BLOB',
+                        "UPDATE coffer_kinds SET transformer = 'coffer.chunk.v0' WHERE kind = 3", "UPDATE coffer_meta SET value = X'32' WHERE name = 'format'",
+                        "INSERT INTO coffer_kinds VALUES (99, 'mystery', 'x.y.z')"][k]
+                db.execute(stmt); done.append('schema: ' + stmt)
+            sql(f)
+
+        def garbage_header():
+            p = os.path.join(c, 'coffer.json')
+            k = rnd.randrange(4)
+            if k == 0:
+                open(p, 'wb').write(bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 400))))
+            elif k == 1:
+                h = json.load(open(p)); h['slots'] = 'nope'; json.dump(h, open(p, 'w'))
+            elif k == 2:
+                h = json.load(open(p)); h['chunkSize'] = rnd.choice([0, -1, 3, 1 << 40]); json.dump(h, open(p, 'w'))
             else:
-                r = db.execute('SELECT file, page, value FROM chunkmaps ORDER BY random() LIMIT 1').fetchone()
-                if r: db.execute('INSERT OR REPLACE INTO chunkmaps VALUES (?, ?, ?)', (r[0], r[1] + 1, r[2]))
-            done.append('duplicated a row of %s' % t)
-        sql(f)
+                h = json.load(open(p)); h['store'] = rnd.choice(['../../etc/passwd', '/etc/passwd', 'x\u0000y', '']); json.dump(h, open(p, 'w'))
+            done.append('garbage header (%d)' % k)
 
-    def move_between_tables():
-        def f(db):
-            src, dst = rnd.sample(['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps'], 2)
-            v = db.execute('SELECT value FROM %s ORDER BY random() LIMIT 1' % src).fetchone()
-            if not v: return
-            v = v[0]
-            if dst == 'inodes': db.execute('UPDATE inodes SET value=? WHERE id IN (SELECT id FROM inodes ORDER BY random() LIMIT 1)', (v,))
-            elif dst == 'chunks': db.execute('UPDATE chunks SET value=? WHERE rowid IN (SELECT rowid FROM chunks ORDER BY random() LIMIT 1)', (v,))
-            elif dst == 'chunkmaps': db.execute('UPDATE chunkmaps SET value=? WHERE rowid IN (SELECT rowid FROM chunkmaps ORDER BY random() LIMIT 1)', (v,))
-            else:
-                old = db.execute('SELECT value FROM %s ORDER BY random() LIMIT 1' % dst).fetchone()
-                if old: db.execute('UPDATE %s SET value=? WHERE value=?' % dst, (v, old[0]))
-            done.append('moved a %s value into %s' % (src, dst))
-        sql(f)
-
-    def truncate_file():
-        size = os.path.getsize(db_path)
-        n = rnd.randrange(0, size)
-        os.truncate(db_path, n); done.append('truncated the database to %d of %d bytes' % (n, size))
-
-    def schema_change():
-        def f(db):
-            k = rnd.randrange(6)
-            stmt = ['ALTER TABLE chunks RENAME TO chunks_old', 'DROP TABLE chunkmaps', 'ALTER TABLE inodes ADD COLUMN extra BLOB',
-                    "UPDATE coffer_kinds SET transformer = 'coffer.chunk.v0' WHERE kind = 3", "UPDATE coffer_meta SET value = X'32' WHERE name = 'format'",
-                    "INSERT INTO coffer_kinds VALUES (99, 'mystery', 'x.y.z')"][k]
-            db.execute(stmt); done.append('schema: ' + stmt)
-        sql(f)
-
-    def garbage_header():
-        p = os.path.join(c, 'coffer.json')
-        k = rnd.randrange(4)
-        if k == 0:
-            open(p, 'wb').write(bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 400))))
-        elif k == 1:
-            h = json.load(open(p)); h['slots'] = 'nope'; json.dump(h, open(p, 'w'))
-        elif k == 2:
-            h = json.load(open(p)); h['chunkSize'] = rnd.choice([0, -1, 3, 1 << 40]); json.dump(h, open(p, 'w'))
-        else:
-            h = json.load(open(p)); h['store'] = rnd.choice(['../../etc/passwd', '/etc/passwd', 'x\u0000y', '']); json.dump(h, open(p, 'w'))
-        done.append('garbage header (%d)' % k)
-
-    kinds = [flip_bytes, flip_value, flip_value, delete_rows, delete_rows, duplicate_rows, move_between_tables, truncate_file, schema_change, garbage_header]
-    for _ in range(rnd.choice([1, 1, 2, 3])):
-        rnd.choice(kinds)()
-    print('; '.join(done))
-    """#
+        kinds = [flip_bytes, flip_value, flip_value, delete_rows, delete_rows, duplicate_rows, move_between_tables, truncate_file, schema_change, garbage_header]
+        for _ in range(rnd.choice([1, 1, 2, 3])):
+            rnd.choice(kinds)()
+        print('; '.join(done))
+        """#
 
     /// Walks the mounted tree: every path with the sha256 of its content, or the errno of the
     /// first call that failed. Bounded by the caller's timeout.
     static let walk = #"""
-    import hashlib, json, os, sys
-    root = sys.argv[1]
-    out = {}
-    def visit(path, rel):
-        try:
-            st = os.lstat(path)
-        except OSError as e:
-            out[rel] = 'E%d' % e.errno; return
-        try:
-            if os.path.islink(path):
-                out[rel] = 'link:' + os.readlink(path)
-            elif os.path.isdir(path):
-                out[rel] = 'dir'
-                for name in sorted(os.listdir(path)):
-                    visit(os.path.join(path, name), (rel + '/' if rel else '') + name)
-            else:
-                out[rel] = hashlib.sha256(open(path, 'rb').read()).hexdigest()
-                os.listxattr(path)
-        except OSError as e:
-            out[rel] = out.get(rel, '') + ' E%d' % e.errno if out.get(rel) == 'dir' else 'E%d' % e.errno
-    for name in sorted(os.listdir(root)):
-        visit(os.path.join(root, name), name)
-    print(json.dumps(out))
-    """#
+        import hashlib, json, os, sys
+        root = sys.argv[1]
+        out = {}
+        def visit(path, rel):
+            try:
+                st = os.lstat(path)
+            except OSError as e:
+                out[rel] = 'E%d' % e.errno; return
+            try:
+                if os.path.islink(path):
+                    out[rel] = 'link:' + os.readlink(path)
+                elif os.path.isdir(path):
+                    out[rel] = 'dir'
+                    for name in sorted(os.listdir(path)):
+                        visit(os.path.join(path, name), (rel + '/' if rel else '') + name)
+                else:
+                    out[rel] = hashlib.sha256(open(path, 'rb').read()).hexdigest()
+                    os.listxattr(path)
+            except OSError as e:
+                out[rel] = out.get(rel, '') + ' E%d' % e.errno if out.get(rel) == 'dir' else 'E%d' % e.errno
+        for name in sorted(os.listdir(root)):
+            visit(os.path.join(root, name), name)
+        print(json.dumps(out))
+        """#
 
     /// Exit statuses the CLI documents; anything else (a signal, a trap) is a crash.
     static let knownStatuses: Set<Int32> = [0, 1, 10, 11, 12, 13, 14, 15, 16, 17, 18, 64]
 
     @Test func damagedContainersNeverCrashHangOrLie() throws {
-        guard E2E.python != nil else { Issue.record("python3 is needed (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 is needed (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("hostile")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -162,8 +165,10 @@ struct HostileContainerTests {
         try #require(mkdir(sb.mnt + "/dir", 0o755) == 0)
         try E2E.write(sb.mnt + "/big.bin", E2E.randomBytes(400_000))
         try E2E.write(sb.mnt + "/mid.bin", E2E.randomBytes(100_000))
-        for i in 0 ..< 6 { try E2E.write(sb.mnt + "/dir/f\(i).txt", "file \(i) " + String(repeating: "x", count: i * 500)) }
-        try #require(E2E.sh("cd '\(sb.mnt)' && truncate -s 1000000 sparse && ln -s dir/f1.txt link && ln big.bin hard && setfattr -n user.k -v v dir/f2.txt").ok)
+        for i in 0..<6 { try E2E.write(sb.mnt + "/dir/f\(i).txt", "file \(i) " + String(repeating: "x", count: i * 500)) }
+        try #require(
+            E2E.sh("cd '\(sb.mnt)' && truncate -s 1000000 sparse && ln -s dir/f1.txt link && ln big.bin hard && setfattr -n user.k -v v dir/f2.txt")
+                .ok)
         let pristineWalk = E2E.py(Self.walk, [sb.mnt])
         try #require(pristineWalk.ok, "\(pristineWalk)")
         let original = try #require(try JSONSerialization.jsonObject(with: Data(pristineWalk.stdout.utf8)) as? [String: String])
@@ -172,10 +177,10 @@ struct HostileContainerTests {
         try #require(E2E.run("/bin/cp", ["-a", sb.container, pristine]).ok)
 
         // COFFER_FUZZ_SEED=N reruns one seed, =A-B a range (longer runs by hand); CI runs 1-40.
-        var seeds = Array(1 ... 40)
+        var seeds = Array(1...40)
         if let spec = ProcessInfo.processInfo.environment["COFFER_FUZZ_SEED"] {
             let bounds = spec.split(separator: "-").compactMap { Int($0) }
-            if bounds.count == 1 { seeds = [bounds[0]] } else if bounds.count == 2, bounds[0] <= bounds[1] { seeds = Array(bounds[0] ... bounds[1]) }
+            if bounds.count == 1 { seeds = [bounds[0]] } else if bounds.count == 2, bounds[0] <= bounds[1] { seeds = Array(bounds[0]...bounds[1]) }
         }
         var failures: [String] = []
         var outcomes: [String: Int] = [:]
@@ -183,7 +188,10 @@ struct HostileContainerTests {
             let c = sb.root + "/c\(seed)"
             try #require(E2E.run("/bin/cp", ["-a", pristine, c]).ok)
             let damage = E2E.py(Self.damage, [String(seed), c])
-            guard damage.ok else { failures.append("seed \(seed): the damage script failed: \(damage)"); continue }
+            guard damage.ok else {
+                failures.append("seed \(seed): the damage script failed: \(damage)")
+                continue
+            }
             let what = damage.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
             var problems: [String] = []
 
@@ -200,25 +208,38 @@ struct HostileContainerTests {
                 if let tree = try? JSONSerialization.jsonObject(with: Data(w.stdout.utf8)) as? [String: String] {
                     for (path, got) in tree {
                         if got.hasPrefix("E") { continue }
-                        guard let want = original[path] else { problems.append("a path that was never written appeared: \(path)"); continue }
-                        if got != want && !(want == "dir" && got.hasPrefix("dir")) { problems.append("\(path) read as \(got.prefix(16)), written as \(want.prefix(16))") }
+                        guard let want = original[path] else {
+                            problems.append("a path that was never written appeared: \(path)")
+                            continue
+                        }
+                        if got != want && !(want == "dir" && got.hasPrefix("dir")) {
+                            problems.append("\(path) read as \(got.prefix(16)), written as \(want.prefix(16))")
+                        }
                     }
                 } else if !w.timedOut {
                     problems.append("the walk failed: \(w.stderr.suffix(300))")
                 }
                 if let pid, !E2E.isAlive(pid) { problems.append("the daemon died during the walk") }
                 let u = sb.unmount()
-                if !u.ok { problems.append("unmount failed: \(u)"); E2E.forceUnmount(sb.mnt) }
+                if !u.ok {
+                    problems.append("unmount failed: \(u)")
+                    E2E.forceUnmount(sb.mnt)
+                }
             } else {
                 outcomes["refused \(m.status)", default: 0] += 1
                 if m.stderrLines.isEmpty { problems.append("refused without a message") }
-                if E2E.isMounted(sb.mnt) { problems.append("refused but left mounted"); E2E.forceUnmount(sb.mnt) }
+                if E2E.isMounted(sb.mnt) {
+                    problems.append("refused but left mounted")
+                    E2E.forceUnmount(sb.mnt)
+                }
             }
             // fsck on the same damage: never a crash or a hang; a repair leaves a clean container
             // (or says it could not: 4), an unusable one is an operational error (8).
             let check = E2E.coffer(["fsck", c, "--passfile", sb.passfile, "--repair", "--yes"], timeout: 120)
             if check.timedOut { problems.append("fsck hung") }
-            if ![0, 1, 4, 8].contains(check.status) { problems.append("fsck --repair ended with status \(check.status): \(check.stderr.suffix(300))") }
+            if ![0, 1, 4, 8].contains(check.status) {
+                problems.append("fsck --repair ended with status \(check.status): \(check.stderr.suffix(300))")
+            }
             outcomes["fsck \(check.status)", default: 0] += 1
             if check.status == 1 {
                 let again = E2E.coffer(["fsck", c, "--passfile", sb.passfile], timeout: 120)

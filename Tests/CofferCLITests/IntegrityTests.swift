@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Issue "Integrity": each attack is made on an unmounted container with ordinary tools (python3's
@@ -83,7 +83,8 @@ struct IntegrityTests {
         }
 
         /// Every path reads its own bytes except `damaged`, which give EIO (or ENOENT where allowed).
-        func expect(_ result: [String: String], damaged: Set<String>, orMissing: Set<String> = [], sourceLocation: SourceLocation = #_sourceLocation) {
+        func expect(_ result: [String: String], damaged: Set<String>, orMissing: Set<String> = [], sourceLocation: SourceLocation = #_sourceLocation)
+        {
             for (name, outcome) in result.sorted(by: { $0.key < $1.key }) {
                 if damaged.contains(name) {
                     #expect(outcome == "EIO", "\(name): \(outcome)", sourceLocation: sourceLocation)
@@ -159,7 +160,8 @@ struct IntegrityTests {
     @Test func chunksSwappedWithinAFileAndBetweenFiles() throws {
         let w = try World("swap")
         defer { w.cleanup() }
-        try w.edit("""
+        try w.edit(
+            """
             p = db.execute('SELECT \(Self.pagedFile)').fetchone()[0]
             def value(f, i): return db.execute('SELECT value FROM chunks WHERE file=? AND idx=?', (f, i)).fetchone()[0]
             a, b = value(p, 1), value(p, 2)
@@ -167,7 +169,8 @@ struct IntegrityTests {
             db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=?', (a, p, 2))
             """)
         w.expect(try w.mountAndRead(), damaged: ["paged.bin"])
-        try w.edit("""
+        try w.edit(
+            """
             p = db.execute('SELECT \(Self.pagedFile)').fetchone()[0]
             q = db.execute('SELECT \(Self.inlineFile)').fetchone()[0]
             x = db.execute('SELECT value FROM chunks WHERE file=? AND idx=3', (p,)).fetchone()[0]
@@ -188,15 +191,17 @@ struct IntegrityTests {
         for name in ["paged.bin", "inline.bin"] {
             // Overwrite chunk 2 in place (same size, same positions).
             let fresh = E2E.randomBytes(32768)
-            let r = E2E.py("import sys\nf = open(sys.argv[1], 'r+b'); f.seek(65536); f.write(bytes.fromhex(sys.argv[2])); f.close()",
-                           [w.sb.mnt + "/" + name, fresh.map { String(format: "%02x", $0) }.joined()])
+            let r = E2E.py(
+                "import sys\nf = open(sys.argv[1], 'r+b'); f.seek(65536); f.write(bytes.fromhex(sys.argv[2])); f.close()",
+                [w.sb.mnt + "/" + name, fresh.map { String(format: "%02x", $0) }.joined()])
             try #require(r.ok, "\(r)")
-            w.originals[name]?.replaceSubrange(65536 ..< 98304, with: fresh)
+            w.originals[name]?.replaceSubrange(65536..<98304, with: fresh)
         }
         try #require(w.sb.unmount().ok)
         #expect(w.readAllAfterMount() == ["paged.bin": "ok", "inline.bin": "ok", "a.txt": "ok", "b.txt": "ok", "d/inner.txt": "ok"])
         for (name, chunks) in [("paged.bin", 11), ("inline.bin", 5)] {
-            try w.edit("""
+            try w.edit(
+                """
                 db.execute('ATTACH DATABASE ? AS old', (sys.argv[2],))
                 f = db.execute('SELECT \(Self.file(withChunks: chunks))').fetchone()[0]
                 v = db.execute('SELECT value FROM old.chunks WHERE file=? AND idx=2', (f,)).fetchone()[0]
@@ -208,7 +213,8 @@ struct IntegrityTests {
         w.expect(try w.mountAndRead(), damaged: ["paged.bin", "inline.bin"])
         // The whole old content of the paged file, chunks and map page consistent with each other,
         // under today's inode: the page's version is not the one the inode names.
-        try w.edit("""
+        try w.edit(
+            """
             db.execute('ATTACH DATABASE ? AS old', (sys.argv[2],))
             f = db.execute('SELECT \(Self.pagedFile)').fetchone()[0]
             db.execute('DELETE FROM chunks WHERE file=?', (f,))
@@ -229,7 +235,8 @@ struct IntegrityTests {
         w.originals["inline.bin"]?.replaceSubrange(32768..., with: [UInt8](repeating: 0, count: 150_000 - 32768))
         try #require(w.sb.unmount().ok)
         #expect(w.readAllAfterMount()["inline.bin"] == "ok", "a hole the user made reads as zeros")
-        try w.edit("""
+        try w.edit(
+            """
             db.execute('ATTACH DATABASE ? AS old', (sys.argv[2],))
             f = db.execute('SELECT file FROM old.chunks GROUP BY file HAVING count(*) = 5').fetchone()[0]
             db.execute('INSERT INTO chunks SELECT * FROM old.chunks WHERE file=? AND idx=2', (f,))
@@ -246,7 +253,8 @@ struct IntegrityTests {
         w.originals["paged.bin"]?.removeSubrange(65536...)
         try #require(w.sb.unmount().ok)
         // Chunks 2... of the old copy put back after the end: never read as part of the file.
-        try w.edit("""
+        try w.edit(
+            """
             db.execute('ATTACH DATABASE ? AS old', (sys.argv[2],))
             f = db.execute('SELECT file FROM old.chunks GROUP BY file HAVING count(*) = 11').fetchone()[0]
             n = db.execute('INSERT INTO chunks SELECT * FROM old.chunks WHERE file=? AND idx>=2', (f,)).rowcount
@@ -269,7 +277,8 @@ struct IntegrityTests {
         let w = try World("inoswap")
         defer { w.cleanup() }
         let a = Int64(bitPattern: try #require(w.inodes["a.txt"])), b = Int64(bitPattern: try #require(w.inodes["b.txt"]))
-        try w.edit("""
+        try w.edit(
+            """
             va = db.execute('SELECT value FROM inodes WHERE id=?', (\(a),)).fetchone()[0]
             vb = db.execute('SELECT value FROM inodes WHERE id=?', (\(b),)).fetchone()[0]
             db.execute('UPDATE inodes SET value=? WHERE id=?', (vb, \(a)))
@@ -282,7 +291,8 @@ struct IntegrityTests {
         let w = try World("entrymove")
         defer { w.cleanup() }
         // Move one of the root's entries into d/'s group (the group with a single row).
-        try w.edit("""
+        try w.edit(
+            """
             d = db.execute('SELECT parent FROM dirents GROUP BY parent HAVING count(*) = 1').fetchone()[0]
             root = db.execute('SELECT parent FROM dirents GROUP BY parent HAVING count(*) > 1').fetchone()[0]
             tag = db.execute('SELECT tag FROM dirents WHERE parent=? LIMIT 1', (root,)).fetchone()[0]
@@ -307,7 +317,8 @@ struct IntegrityTests {
         let w = try World("entrypoint")
         defer { w.cleanup() }
         // Give one root entry the sealed value of another (which names another inode).
-        try w.edit("""
+        try w.edit(
+            """
             root = db.execute('SELECT parent FROM dirents GROUP BY parent HAVING count(*) > 1').fetchone()[0]
             rows = db.execute('SELECT tag, value FROM dirents WHERE parent=? LIMIT 2', (root,)).fetchall()
             db.execute('UPDATE dirents SET value=? WHERE parent=? AND tag=?', (rows[1][1], root, rows[0][0]))
@@ -339,7 +350,8 @@ struct IntegrityTests {
         try #require(w.sb.initContainer(container: other).ok)
         // The attacker knows the other container's password (the same pass file here) and puts its
         // slot into ours: the slot is bound to its own container id, and the header MAC to our key.
-        try w.edit("""
+        try w.edit(
+            """
             import json
             mine = json.load(open(sys.argv[2])); theirs = json.load(open(sys.argv[3]))
             mine['slots'] = theirs['slots'] + mine['slots'][1:]
@@ -365,7 +377,7 @@ extension IntegrityTests {
             let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if n < 0 { return .failure(Errno(code: errno)) }
             if n == 0 { return .success(out) }
-            out += buffer[0 ..< n]
+            out += buffer[0..<n]
         }
     }
 }

@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Issue 3: a seeded random sequence of syscalls applied both to a real mount and to a plain directory on
@@ -61,7 +61,7 @@ struct ModelOutcome: Equatable, CustomStringConvertible {
             EXDEV: "EXDEV", ENOTDIR: "ENOTDIR", EISDIR: "EISDIR", EINVAL: "EINVAL", EFBIG: "EFBIG", ENOSPC: "ENOSPC",
             EROFS: "EROFS", EMLINK: "EMLINK", ENAMETOOLONG: "ENAMETOOLONG", ENOTEMPTY: "ENOTEMPTY", ELOOP: "ELOOP",
             ENODATA: "ENODATA", ERANGE: "ERANGE", ENOTCONN: "ENOTCONN", EBUSY: "EBUSY", ENOTSUP: "ENOTSUP",
-            E2BIG: "E2BIG", ENXIO: "ENXIO", ETXTBSY: "ETXTBSY",
+            E2BIG: "E2BIG", ENXIO: "ENXIO", ETXTBSY: "ETXTBSY"
         ]
         return names[e] ?? "errno \(e)"
     }
@@ -136,7 +136,8 @@ enum ModelOp: CustomStringConvertible {
         case let .symlink(t, p): return "symlink(\(t), \(p))"
         case let .readlink(p): return "readlink(\(p))"
         case let .chmod(p, m): return "chmod(\(p), 0\(String(m, radix: 8)))"
-        case let .utimens(p, a, m, n): return "utimensat(\(p), atime \(Self.timeText(a)), mtime \(Self.timeText(m))\(n ? ", AT_SYMLINK_NOFOLLOW" : ""))"
+        case let .utimens(p, a, m, n):
+            return "utimensat(\(p), atime \(Self.timeText(a)), mtime \(Self.timeText(m))\(n ? ", AT_SYMLINK_NOFOLLOW" : ""))"
         case let .setxattr(p, n, v, f): return "setxattr(\(p), \(n), \(v.count) bytes, flags \(f))"
         case let .getxattr(p, n): return "getxattr(\(p), \(n))"
         case let .listxattr(p): return "listxattr(\(p))"
@@ -162,7 +163,7 @@ final class ModelRun {
 
     let seed: UInt64
     let sandbox: Sandbox
-    let roots: [String]            // [mount side, reference side]
+    let roots: [String]  // [mount side, reference side]
     let operations: Int
     let checkEvery: Int
     var rng: SplitMix64
@@ -187,7 +188,7 @@ final class ModelRun {
 
     func int(_ r: ClosedRange<Int>) -> Int { Int.random(in: r, using: &rng) }
     func chance(_ p: Double) -> Bool { Double(rng.next() >> 11) / Double(1 << 53) < p }
-    func pick<T>(_ a: [T]) -> T { a[int(0 ... a.count - 1)] }
+    func pick<T>(_ a: [T]) -> T { a[int(0...a.count - 1)] }
 
     /// A path, mostly of the kind `prefer` names (f, d or l), sometimes any.
     func path(_ prefer: Character? = nil) -> String {
@@ -208,30 +209,30 @@ final class ModelRun {
 
     /// Offsets near the end, past it (a hole), at chunk boundaries, anywhere.
     func offset(size: Int) -> Int {
-        switch int(0 ... 5) {
+        switch int(0...5) {
         case 0: return 0
-        case 1: return int(0 ... size)
-        case 2: return max(0, size + int(-200 ... 200))
-        case 3: return size + int(1 ... 100_000)
-        default: return max(0, Self.chunk * int(0 ... 10) + int(-300 ... 300))
+        case 1: return int(0...size)
+        case 2: return max(0, size + int(-200...200))
+        case 3: return size + int(1...100_000)
+        default: return max(0, Self.chunk * int(0...10) + int(-300...300))
         }
     }
 
     func length() -> Int {
-        switch int(0 ... 9) {
-        case 0 ... 3: return int(1 ... 100)
-        case 4 ... 6: return int(1 ... 5000)
-        case 7, 8: return int(Self.chunk - 100 ... 2 * Self.chunk + 100)
-        default: return int(1 ... 200_000)
+        switch int(0...9) {
+        case 0...3: return int(1...100)
+        case 4...6: return int(1...5000)
+        case 7, 8: return int(Self.chunk - 100...2 * Self.chunk + 100)
+        default: return int(1...200_000)
         }
     }
 
     func truncateLength(size: Int) -> Int {
-        switch int(0 ... 4) {
+        switch int(0...4) {
         case 0: return 0
-        case 1: return int(0 ... size)
-        case 2: return size + int(1 ... 80_000)
-        default: return max(0, Self.chunk * int(0 ... 8) + int(-2 ... 2))
+        case 1: return int(0...size)
+        case 2: return size + int(1...80_000)
+        default: return max(0, Self.chunk * int(0...8) + int(-2...2))
         }
     }
 
@@ -242,62 +243,64 @@ final class ModelRun {
     func time() -> timespec {
         if chance(0.1) { return timespec(tv_sec: 0, tv_nsec: Self.utimeOmit) }
         if chance(0.05) { return timespec(tv_sec: 0, tv_nsec: Self.utimeNow) }
-        let sec = chance(0.1) ? int(-2_000_000_000 ... -1) : int(0 ... 4_000_000_000)
-        let nsec = pick([0, 999_999_999, int(0 ... 999_999_999)])
+        let sec = chance(0.1) ? int(-2_000_000_000 ... -1) : int(0...4_000_000_000)
+        let nsec = pick([0, 999_999_999, int(0...999_999_999)])
         return timespec(tv_sec: sec, tv_nsec: nsec)
     }
 
     func draw() -> ModelOp {
-        let slot = fds.isEmpty ? nil : int(0 ... fds.count - 1)
-        let r = int(0 ... 999)
+        let slot = fds.isEmpty ? nil : int(0...fds.count - 1)
+        let r = int(0...999)
         switch r {
-        case 0 ..< 70:
-            let flags = pick([O_RDWR | O_CREAT, O_RDWR | O_CREAT, O_RDWR | O_CREAT | O_EXCL, O_RDWR | O_CREAT | O_TRUNC,
-                              O_RDWR, O_RDWR | O_APPEND, O_WRONLY | O_CREAT, O_RDONLY])
-            return fds.count >= 4 ? .close(int(0 ... fds.count - 1)) : .open(path("f"), flags: flags, mode: mode(directory: false))
-        case 70 ..< 100:
+        case 0..<70:
+            let flags = pick([
+                O_RDWR | O_CREAT, O_RDWR | O_CREAT, O_RDWR | O_CREAT | O_EXCL, O_RDWR | O_CREAT | O_TRUNC,
+                O_RDWR, O_RDWR | O_APPEND, O_WRONLY | O_CREAT, O_RDONLY
+            ])
+            return fds.count >= 4 ? .close(int(0...fds.count - 1)) : .open(path("f"), flags: flags, mode: mode(directory: false))
+        case 70..<100:
             if let slot { return .close(slot) }
             return .lstat(path())
-        case 100 ..< 200:
+        case 100..<200:
             let p = path("f")
             return .writePath(p, offset: offset(size: refSize(p)), data: rng.bytes(length()), create: chance(0.6))
-        case 200 ..< 280:
+        case 200..<280:
             if let slot { return .pwrite(slot, offset: offset(size: refSize(fd: fds[slot].fd[1])), data: rng.bytes(length())) }
             return .writePath(path("f"), offset: 0, data: rng.bytes(length()), create: true)
-        case 280 ..< 330:
+        case 280..<330:
             if let slot { return .pread(slot, offset: offset(size: refSize(fd: fds[slot].fd[1])), count: length()) }
             return .readPath(path("f"))
-        case 330 ..< 360: return .readPath(path("f"))
-        case 360 ..< 400:
+        case 330..<360: return .readPath(path("f"))
+        case 360..<400:
             let p = path("f")
             return .truncate(p, truncateLength(size: refSize(p)))
-        case 400 ..< 430:
+        case 400..<430:
             if let slot { return .ftruncate(slot, truncateLength(size: refSize(fd: fds[slot].fd[1]))) }
-            return .truncate(path("f"), int(0 ... 100_000))
-        case 430 ..< 520:
+            return .truncate(path("f"), int(0...100_000))
+        case 430..<520:
             let from = path(pick(["f", "d", "l"]))
             return .rename(from, chance(0.5) ? path(from.last == "/" ? nil : from.split(separator: "/").last!.first!) : path())
-        case 520 ..< 560: return .link(path("f"), path("f"))
-        case 560 ..< 620:
+        case 520..<560: return .link(path("f"), path("f"))
+        case 560..<620:
             if let slot, chance(0.5) { return .unlink(fds[slot].path) }
             return .unlink(path(chance(0.8) ? "f" : "l"))
-        case 620 ..< 670: return .mkdir(path("d"), mode(directory: true))
-        case 670 ..< 710: return .rmdir(path("d"))
-        case 710 ..< 750: return .symlink(target: pick(Self.linkTargets), path("l"))
-        case 750 ..< 765: return .readlink(path("l"))
-        case 765 ..< 800: return .chmod(path(), mode(directory: chance(0.3)))
-        case 800 ..< 850: return .utimens(path(), atime: time(), mtime: time(), nofollow: chance(0.3))
-        case 850 ..< 895:
-            let v: [UInt8] = chance(0.1) ? [] : rng.bytes(chance(0.1) ? int(500 ... 2000) : int(1 ... 64))
-            return .setxattr(path(), name: pick(Self.xattrNames), value: v, flags: pick([0, 0, 1, 2]))   // XATTR_CREATE 1, XATTR_REPLACE 2
-        case 895 ..< 915: return .getxattr(path(), name: pick(Self.xattrNames))
-        case 915 ..< 930: return .listxattr(path())
-        case 930 ..< 945: return .removexattr(path(), name: pick(Self.xattrNames))
-        case 945 ..< 965:
+        case 620..<670: return .mkdir(path("d"), mode(directory: true))
+        case 670..<710: return .rmdir(path("d"))
+        case 710..<750: return .symlink(target: pick(Self.linkTargets), path("l"))
+        case 750..<765: return .readlink(path("l"))
+        case 765..<800: return .chmod(path(), mode(directory: chance(0.3)))
+        case 800..<850: return .utimens(path(), atime: time(), mtime: time(), nofollow: chance(0.3))
+        case 850..<895:
+            let v: [UInt8] = chance(0.1) ? [] : rng.bytes(chance(0.1) ? int(500...2000) : int(1...64))
+            return .setxattr(path(), name: pick(Self.xattrNames), value: v, flags: pick([0, 0, 1, 2]))  // XATTR_CREATE 1, XATTR_REPLACE 2
+        case 895..<915: return .getxattr(path(), name: pick(Self.xattrNames))
+        case 915..<930: return .listxattr(path())
+        case 930..<945: return .removexattr(path(), name: pick(Self.xattrNames))
+        case 945..<965:
             if let slot { return .fsync(slot) }
             return .fsyncPath(path("f"), directory: false)
-        case 965 ..< 975: return .fsyncPath(pick(Self.dirs + ["d0", "d1"]), directory: true)
-        case 975 ..< 990:
+        case 965..<975: return .fsyncPath(pick(Self.dirs + ["d0", "d1"]), directory: true)
+        case 975..<990:
             if let slot { return .fstat(slot) }
             return .lstat(path())
         default:
@@ -322,7 +325,7 @@ final class ModelRun {
             let n = buf.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, off_t(out.count)) }
             if n < 0 { return .of(-1) }
             if n == 0 { return ModelOutcome(rc: out.count, err: 0, data: out) }
-            out += buf[0 ..< n]
+            out += buf[0..<n]
         }
     }
 
@@ -348,7 +351,7 @@ final class ModelRun {
         case let .pread(slot, offset, count):
             var buf = [UInt8](repeating: 0, count: count)
             let n = buf.withUnsafeMutableBytes { pread(fds[slot].fd[side], $0.baseAddress, $0.count, off_t(offset)) }
-            return n < 0 ? .of(-1) : ModelOutcome(rc: n, err: 0, data: Array(buf[0 ..< n]))
+            return n < 0 ? .of(-1) : ModelOutcome(rc: n, err: 0, data: Array(buf[0..<n]))
         case let .readPath(rel):
             let fd = open(p(rel), O_RDONLY)
             if fd < 0 { return .of(-1) }
@@ -365,7 +368,7 @@ final class ModelRun {
         case let .readlink(rel):
             var buf = [UInt8](repeating: 0, count: 4096)
             let n = buf.withUnsafeMutableBytes { readlink(p(rel), $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) }
-            return n < 0 ? .of(-1) : ModelOutcome(rc: n, err: 0, data: Array(buf[0 ..< n]))
+            return n < 0 ? .of(-1) : ModelOutcome(rc: n, err: 0, data: Array(buf[0..<n]))
         case let .chmod(rel, mode): return .of(Int(chmod(p(rel), mode)))
         case let .utimens(rel, a, m, nofollow):
             let times = [a, m]
@@ -375,7 +378,7 @@ final class ModelRun {
         case let .getxattr(rel, name):
             var buf = [UInt8](repeating: 0, count: 65536)
             let n = buf.withUnsafeMutableBytes { XattrCalls.get(p(rel), name, $0.baseAddress, $0.count) }
-            return n < 0 ? .of(-1) : ModelOutcome(rc: n, err: 0, data: Array(buf[0 ..< n]))
+            return n < 0 ? .of(-1) : ModelOutcome(rc: n, err: 0, data: Array(buf[0..<n]))
         case let .listxattr(rel):
             let names = Self.xattrList(p(rel), follow: true)
             return names.map { ModelOutcome(rc: $0.count, err: 0, data: Array($0.joined(separator: ",").utf8)) } ?? .of(-1)
@@ -404,7 +407,7 @@ final class ModelRun {
         var buf = [CChar](repeating: 0, count: 65536)
         let n = follow ? XattrCalls.list(path, &buf, buf.count) : XattrCalls.llist(path, &buf, buf.count)
         if n < 0 { return nil }
-        let bytes = buf[0 ..< n].map { UInt8(bitPattern: $0) }
+        let bytes = buf[0..<n].map { UInt8(bitPattern: $0) }
         return bytes.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }.filter { $0.hasPrefix("user.") }.sorted()
     }
 
@@ -429,15 +432,19 @@ final class ModelRun {
     func unpinAround(_ op: ModelOp, after: Bool, succeeded: Bool) {
         switch op {
         case let .open(rel, _, _), let .writePath(rel, _, _, _), let .truncate(rel, _):
-            unpin(parent(rel)); unpin(rel)
+            unpin(parent(rel))
+            unpin(rel)
         case let .pwrite(slot, _, _), let .ftruncate(slot, _):
             var st = stat()
             if fstat(fds[slot].fd[1], &st) == 0 { pinned.remove(UInt64(st.st_ino)) }
         case let .rename(a, b):
-            unpin(parent(a)); unpin(parent(b))
-            unpin(a, follow: false); unpin(b, follow: false)
+            unpin(parent(a))
+            unpin(parent(b))
+            unpin(a, follow: false)
+            unpin(b, follow: false)
         case let .link(_, b), let .symlink(_, b), let .mkdir(b, _):
-            unpin(parent(b)); unpin(b, follow: false)
+            unpin(parent(b))
+            unpin(b, follow: false)
         case let .unlink(rel), let .rmdir(rel):
             unpin(parent(rel))
         case let .utimens(rel, _, m, nofollow):
@@ -460,24 +467,32 @@ final class ModelRun {
             let rs = lstat(full(1, rel), &r), re = errno
             let show = rel.isEmpty ? "." : rel
             guard ms == 0, rs == 0 else {
-                diffs.append("\(show): lstat mount \(ms == 0 ? "ok" : ModelOutcome.errnoName(me)), reference \(rs == 0 ? "ok" : ModelOutcome.errnoName(re))")
+                diffs.append(
+                    "\(show): lstat mount \(ms == 0 ? "ok" : ModelOutcome.errnoName(me)), reference \(rs == 0 ? "ok" : ModelOutcome.errnoName(re))")
                 return
             }
             let mt = Self.statText(m), rt = Self.statText(r)
             if mt != rt { diffs.append("\(show): mount \(mt), reference \(rt)") }
             if pinned.contains(UInt64(r.st_ino)), m.st_mtim.tv_sec != r.st_mtim.tv_sec || m.st_mtim.tv_nsec != r.st_mtim.tv_nsec {
-                diffs.append("\(show): mtime mount \(m.st_mtim.tv_sec).\(m.st_mtim.tv_nsec), reference \(r.st_mtim.tv_sec).\(r.st_mtim.tv_nsec) (set by utimensat)")
+                diffs.append(
+                    "\(show): mtime mount \(m.st_mtim.tv_sec).\(m.st_mtim.tv_nsec), reference \(r.st_mtim.tv_sec).\(r.st_mtim.tv_nsec) (set by utimensat)"
+                )
             }
             // Hard links: the same reference inode is the same mount inode, and only that one.
             let mi = UInt64(m.st_ino), ri = UInt64(r.st_ino)
             if let known = inodes[ri], known != mi { diffs.append("\(show): reference inode \(ri) is mount inode \(mi) here and \(known) elsewhere") }
             if let known = back[mi], known != ri { diffs.append("\(show): mount inode \(mi) is reference inode \(ri) here and \(known) elsewhere") }
-            inodes[ri] = mi; back[mi] = ri
+            inodes[ri] = mi
+            back[mi] = ri
             let mx = Self.xattrList(full(0, rel), follow: false), rx = Self.xattrList(full(1, rel), follow: false)
             if mx != rx { diffs.append("\(show): xattrs mount \(mx ?? ["error"]), reference \(rx ?? ["error"])") }
             for name in rx ?? [] where mx?.contains(name) == true {
                 let mv = Self.xattrValue(full(0, rel), name), rv = Self.xattrValue(full(1, rel), name)
-                if mv != rv { diffs.append("\(show): xattr \(name) mount \(mv.map { "\($0.count) bytes" } ?? "error"), reference \(rv.map { "\($0.count) bytes" } ?? "error")") }
+                if mv != rv {
+                    diffs.append(
+                        "\(show): xattr \(name) mount \(mv.map { "\($0.count) bytes" } ?? "error"), reference \(rv.map { "\($0.count) bytes" } ?? "error")"
+                    )
+                }
             }
             guard (m.st_mode & S_IFMT) == (r.st_mode & S_IFMT) else { return }
             switch r.st_mode & S_IFMT {
@@ -485,7 +500,9 @@ final class ModelRun {
                 let mc = E2E.read(full(0, rel)), rc = E2E.read(full(1, rel))
                 if mc != rc {
                     let first = zip(mc ?? [], rc ?? []).enumerated().first { $0.element.0 != $0.element.1 }?.offset
-                    diffs.append("\(show): contents differ: mount \(mc.map { "\($0.count) bytes" } ?? "unreadable"), reference \(rc.map { "\($0.count) bytes" } ?? "unreadable"), first difference at \(first.map(String.init) ?? "the end")")
+                    diffs.append(
+                        "\(show): contents differ: mount \(mc.map { "\($0.count) bytes" } ?? "unreadable"), reference \(rc.map { "\($0.count) bytes" } ?? "unreadable"), first difference at \(first.map(String.init) ?? "the end")"
+                    )
                 }
             case S_IFLNK:
                 let ml = try? FileManager.default.destinationOfSymbolicLink(atPath: full(0, rel))
@@ -506,11 +523,14 @@ final class ModelRun {
     static func xattrValue(_ path: String, _ name: String) -> [UInt8]? {
         var buf = [UInt8](repeating: 0, count: 65536)
         let n = buf.withUnsafeMutableBytes { XattrCalls.lget(path, name, $0.baseAddress, $0.count) }
-        return n < 0 ? nil : Array(buf[0 ..< n])
+        return n < 0 ? nil : Array(buf[0..<n])
     }
 
     func closeAll() {
-        for f in fds { close(f.fd[0]); close(f.fd[1]) }
+        for f in fds {
+            close(f.fd[0])
+            close(f.fd[1])
+        }
         fds.removeAll()
     }
 
@@ -518,7 +538,7 @@ final class ModelRun {
 
     /// Runs the seed; returns nil when everything matched, else what went wrong (with the operation index).
     func run() throws -> String? {
-        for side in 0 ... 1 {
+        for side in 0...1 {
             guard mkdir(roots[side], 0o755) == 0 else { return "mkdir \(roots[side]): \(ModelOutcome.errnoName(errno))" }
         }
         defer { closeAll() }
@@ -531,7 +551,7 @@ final class ModelRun {
             return d.isEmpty ? nil : failure(index, op, "trees differ\(when):\n  " + d.joined(separator: "\n  "))
         }
         // Checks come between operations and draw nothing: COFFER_MODEL_CHECK_EVERY does not change the sequence.
-        for index in 0 ... operations {
+        for index in 0...operations {
             let op: ModelOp = index == operations ? .remount : draw()
             history.append("#\(index) \(op)")
             if case .remount = op {
@@ -549,7 +569,9 @@ final class ModelRun {
                 fds.remove(at: slot)
             }
             if case let .open(rel, _, _) = op, m.rc >= 0 || r.rc >= 0 {
-                if m.rc >= 0 && r.rc >= 0 { fds.append((fd: [Int32(m.rc), Int32(r.rc)], path: rel)) } else {
+                if m.rc >= 0 && r.rc >= 0 {
+                    fds.append((fd: [Int32(m.rc), Int32(r.rc)], path: rel))
+                } else {
                     if m.rc >= 0 { close(Int32(m.rc)) }
                     if r.rc >= 0 { close(Int32(r.rc)) }
                 }
@@ -574,15 +596,19 @@ struct ModelTests {
         let seeds: [UInt64]
         let base: UInt64?
         if let one = env["COFFER_MODEL_SEED"].flatMap({ UInt64($0) }) {
-            seeds = [one]; base = nil
+            seeds = [one]
+            base = nil
         } else {
             let count = env["COFFER_MODEL_SEEDS"].flatMap { Int($0) } ?? 30
-            let b = env["COFFER_MODEL_BASE"].flatMap { UInt64($0) } ?? UInt64.random(in: 1 ... 999_999_999)
-            seeds = (0 ..< count).map { b &+ UInt64($0) }; base = b
+            let b = env["COFFER_MODEL_BASE"].flatMap { UInt64($0) } ?? UInt64.random(in: 1...999_999_999)
+            seeds = (0..<count).map { b &+ UInt64($0) }
+            base = b
         }
         let operations = env["COFFER_MODEL_OPS"].flatMap { Int($0) } ?? 200
         let checkEvery = max(1, env["COFFER_MODEL_CHECK_EVERY"].flatMap { Int($0) } ?? 50)
-        print("ModelTests: \(seeds.count) seeds\(base.map { " from \($0) (COFFER_MODEL_BASE=\($0) replays the run)" } ?? ""), \(operations) operations each")
+        print(
+            "ModelTests: \(seeds.count) seeds\(base.map { " from \($0) (COFFER_MODEL_BASE=\($0) replays the run)" } ?? ""), \(operations) operations each"
+        )
         let sb = try Sandbox("model")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -592,10 +618,12 @@ struct ModelTests {
         var failed: [UInt64] = []
         var remounts = 0, checks = 0
         for seed in seeds {
-            let run = ModelRun(seed: seed, sandbox: sb, mountRoot: sb.mnt + "/s\(seed)", refRoot: refBase + "/s\(seed)",
-                               operations: operations, checkEvery: checkEvery)
+            let run = ModelRun(
+                seed: seed, sandbox: sb, mountRoot: sb.mnt + "/s\(seed)", refRoot: refBase + "/s\(seed)",
+                operations: operations, checkEvery: checkEvery)
             let failure = try run.run()
-            remounts += run.remounts; checks += run.checks
+            remounts += run.remounts
+            checks += run.checks
             if let failure {
                 failed.append(seed)
                 print("ModelTests: FAILED \(failure)\nModelTests: COFFER_MODEL_SEED=\(seed) replays it")
@@ -606,6 +634,8 @@ struct ModelTests {
                 break
             }
         }
-        print("ModelTests: \(seeds.count) seeds × \(operations) operations in \(Int(Date().timeIntervalSince(started))) s, \(remounts) remounts, \(checks) tree comparisons; failed seeds: \(failed.isEmpty ? "none" : failed.map(String.init).joined(separator: " "))")
+        print(
+            "ModelTests: \(seeds.count) seeds × \(operations) operations in \(Int(Date().timeIntervalSince(started))) s, \(remounts) remounts, \(checks) tree comparisons; failed seeds: \(failed.isEmpty ? "none" : failed.map(String.init).joined(separator: " "))"
+        )
     }
 }

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // The "Mount" issue: real FUSE mounts through the built binary: lifecycle, failures, foreground mode,
@@ -24,7 +24,8 @@ final class Child: @unchecked Sendable {
     let outPath: String, errPath: String
     init(_ executable: String, _ arguments: [String]) throws {
         let tag = "/tmp/coffer-e2e-child-\(getpid())-\(UUID().uuidString)"
-        outPath = tag + ".out"; errPath = tag + ".err"
+        outPath = tag + ".out"
+        errPath = tag + ".err"
         guard let s = Spawned(executable, arguments, stdinPath: "/dev/null", stdoutPath: outPath, stderrPath: errPath) else {
             throw Sandbox.SandboxError("cannot start \(executable)")
         }
@@ -36,7 +37,8 @@ final class Child: @unchecked Sendable {
     func waitForExit(_ seconds: Double) -> Int32? { spawned.wait(timeout: seconds) }
     func stop() {
         if spawned.isRunning { _ = spawned.wait(timeout: 0.1) }
-        unlink(outPath); unlink(errPath)
+        unlink(outPath)
+        unlink(errPath)
     }
 }
 
@@ -51,7 +53,9 @@ struct MountTests {
         try #require(m.ok, "\(m)")
         // Right after return, the mountpoint answers as a filesystem of its own.
         let dev = E2E.device(sb.mnt)
-        #expect(dev != nil && dev != parentDev, "mount returned before the mountpoint answered (st_dev \(String(describing: dev)) vs parent \(String(describing: parentDev)))")
+        #expect(
+            dev != nil && dev != parentDev,
+            "mount returned before the mountpoint answered (st_dev \(String(describing: dev)) vs parent \(String(describing: parentDev)))")
         let entry = try #require(E2E.mountEntry(at: sb.mnt), "no /proc/mounts entry")
         #expect(entry.type == "fuse.coffer", "type is \(entry.type)")
         #expect(entry.source == sb.container, "source is \(entry.source)")
@@ -61,7 +65,7 @@ struct MountTests {
         let big = E2E.randomBytes(3 << 20)
         try E2E.write(sb.mnt + "/big.bin", big)
         var expected: [String: [UInt8]] = ["big.bin": big]
-        for i in 0 ..< 200 {
+        for i in 0..<200 {
             let dir = "d\(i % 5)/e\(i % 3)/f\(i % 2)"
             try FileManager.default.createDirectory(atPath: sb.mnt + "/" + dir, withIntermediateDirectories: true)
             let content = Array("file \(i) ".utf8) + E2E.randomBytes(i * 7 % 300)
@@ -190,7 +194,13 @@ struct MountTests {
         }
         // One worker thread still serves several writers at once.
         try #require(sb.mount(options: "max_threads=1").ok)
-        let writers = E2E.run("/bin/sh", ["-c", "for i in 1 2 3 4; do (head -c 300000 /dev/urandom > \"$1/f$i\"; cp \"$1/f$i\" \"$1/g$i\") & done; wait; for i in 1 2 3 4; do cmp \"$1/f$i\" \"$1/g$i\" || exit 1; done", "sh", sb.mnt])
+        let writers = E2E.run(
+            "/bin/sh",
+            [
+                "-c",
+                "for i in 1 2 3 4; do (head -c 300000 /dev/urandom > \"$1/f$i\"; cp \"$1/f$i\" \"$1/g$i\") & done; wait; for i in 1 2 3 4; do cmp \"$1/f$i\" \"$1/g$i\" || exit 1; done",
+                "sh", sb.mnt
+            ])
         #expect(writers.ok, "\(writers)")
         #expect(sb.unmount().ok)
     }
@@ -199,7 +209,10 @@ struct MountTests {
     /// process opens it through SQLite, the `-shm` file stays empty, and `coffer info` says it is mounted
     /// instead of waiting for the store. After the unmount everything opens it again.
     @Test func theDaemonHoldsTheStoreAlone() throws {
-        guard E2E.which("sqlite3") != nil else { Issue.record("sqlite3 missing (make test-deps installs it)"); return }
+        guard E2E.which("sqlite3") != nil else {
+            Issue.record("sqlite3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("storealone")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -229,7 +242,7 @@ struct MountTests {
         let sb = try Sandbox("truncstore")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let files = (0 ..< 300).map { sb.mnt + "/f\($0)" }
+        let files = (0..<300).map { sb.mnt + "/f\($0)" }
         for f in files { try E2E.write(f, E2E.randomBytes(65536)) }
         #expect(E2E.sh("sync '\(sb.mnt)'").ok)
         usleep(2_500_000)  // the idle checkpoint moves the pages into store.db, where the readers map them
@@ -259,9 +272,13 @@ struct MountTests {
         try sb.initAndMount()
         try E2E.write(sb.mnt + "/f", "data")
         let holder = try Child("/bin/sh", ["-c", "cd \"$1\" && exec sleep 60", "sh", sb.mnt])
-        defer { holder.spawned.signal(SIGKILL); holder.stop() }
-        #expect(E2E.wait(10) { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(holder.pid)/cwd")) == sb.mnt },
-                "the holder did not enter the mount")
+        defer {
+            holder.spawned.signal(SIGKILL)
+            holder.stop()
+        }
+        #expect(
+            E2E.wait(10) { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(holder.pid)/cwd")) == sb.mnt },
+            "the holder did not enter the mount")
         let u = sb.unmount()
         #expect(u.status != 0, "\(u)")
         #expect(u.stderr.contains("busy"), "\(u)")
@@ -377,8 +394,12 @@ struct MountTests {
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
         let marker = sb.root + "/caller-marker"
-        let r = E2E.run("/bin/sh", ["-c", "exec 7>\"$1\"; exec \"$2\" mount \"$3\" \"$4\" --passfile \"$5\"", "sh",
-                                     marker, E2E.coffer, sb.container, sb.mnt, sb.passfile])
+        let r = E2E.run(
+            "/bin/sh",
+            [
+                "-c", "exec 7>\"$1\"; exec \"$2\" mount \"$3\" \"$4\" --passfile \"$5\"", "sh",
+                marker, E2E.coffer, sb.container, sb.mnt, sb.passfile
+            ])
         sb.noteDaemon()
         try #require(r.ok, "\(r)")
         let pid = try #require(E2E.daemonPid(container: sb.container))
@@ -391,7 +412,10 @@ struct MountTests {
     }
 
     @Test func promptedPasswordGoesThroughAPipe() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("argvprompt")
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
@@ -411,14 +435,18 @@ struct MountTests {
     }
 
     @Test func fsyncedDataSurvivesSIGKILL() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("sigkill")
         defer { sb.cleanup() }
         try sb.initAndMount()
         let data = E2E.randomBytes(1 << 20)
         let src = sb.root + "/src.bin"
         try E2E.write(src, data)
-        let w = E2E.py("""
+        let w = E2E.py(
+            """
             import os, sys
             data = open(sys.argv[1], 'rb').read()
             fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -465,7 +493,10 @@ struct MountTests {
 /// Rollback: a store replaced by an older copy of itself is refused at mount (issue "Integrity").
 @Suite("Rollback detection") struct RollbackTests {
     @Test func olderStoreIsRefusedUnlessAllowed() throws {
-        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        guard E2E.fuseAvailable else {
+            print("skipped: /dev/fuse missing")
+            return
+        }
         let sb = try Sandbox("rollback")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -484,7 +515,9 @@ struct MountTests {
         // ...and the old copy is put back.
         for f in ["store.db", "store.db-wal", "store.db-shm"] {
             unlink(sb.container + "/" + f)
-            if FileManager.default.fileExists(atPath: saved + "/" + f) { try FileManager.default.copyItem(atPath: saved + "/" + f, toPath: sb.container + "/" + f) }
+            if FileManager.default.fileExists(atPath: saved + "/" + f) {
+                try FileManager.default.copyItem(atPath: saved + "/" + f, toPath: sb.container + "/" + f)
+            }
         }
         let refused = sb.mount()
         #expect(refused.status == 18, "rollback must be refused with its own status: \(refused)")
@@ -526,7 +559,10 @@ struct MountTests {
     }
 
     @Test func enospcLosesNothingSynced() throws {
-        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        guard E2E.fuseAvailable else {
+            print("skipped: /dev/fuse missing")
+            return
+        }
         try onASmallDisk("enospc") { sb, container, keep in
             let fill = E2E.sh("dd if=/dev/zero of='\(sb.mnt)/fill' bs=1M count=100 conv=fsync")
             #expect(!fill.ok, "writing 100 MiB onto a 24 MiB disk must fail: \(fill)")
@@ -550,10 +586,14 @@ struct MountTests {
     /// close) until the disk is full: every failure is ENOSPC, from write or fsync, every file
     /// whose fsync succeeded reads back, and the daemon keeps running.
     @Test func smallFilesUntilTheDiskIsFull() throws {
-        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        guard E2E.fuseAvailable else {
+            print("skipped: /dev/fuse missing")
+            return
+        }
         try onASmallDisk("enospcsmall") { sb, container, keep in
             let pid = E2E.daemonPid(container: container)
-            let appends = E2E.py(#"""
+            let appends = E2E.py(
+                #"""
                 import errno, os, sys
                 ok, full = [], 0
                 for i in range(1000):
@@ -592,9 +632,13 @@ struct MountTests {
     /// commits' frames could not be checkpointed into the database file, so the WAL could not
     /// start over and even the deletes needed new room (docs/MEASUREMENTS.md, "Full disk").
     @Test func deletingManySmallFilesOnAFullDisk() throws {
-        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
+        guard E2E.fuseAvailable else {
+            print("skipped: /dev/fuse missing")
+            return
+        }
         try onASmallDisk("enospcrm") { sb, container, keep in
-            let fill = E2E.py(#"""
+            let fill = E2E.py(
+                #"""
                 import errno, os, sys
                 made, full, streak = 0, 0, 0
                 for i in range(3000):
@@ -650,13 +694,19 @@ struct MountTests {
 @Suite("Deleted chunks") struct DeletedChunkTests {
     @Test(arguments: ["idx = 1", "idx = (SELECT max(idx) FROM chunks c2 WHERE c2.file = chunks.file)"])
     func deletedChunkIsEIO(which: String) throws {
-        guard E2E.fuseAvailable else { print("skipped: /dev/fuse missing"); return }
-        guard E2E.which("sqlite3") != nil else { Issue.record("sqlite3 missing (make test-deps installs it)"); return }
+        guard E2E.fuseAvailable else {
+            print("skipped: /dev/fuse missing")
+            return
+        }
+        guard E2E.which("sqlite3") != nil else {
+            Issue.record("sqlite3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("chunkdel")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let big = E2E.randomBytes(200_000)      // 7 chunks of 32 KiB
-        let small = E2E.randomBytes(1000)       // 1 chunk
+        let big = E2E.randomBytes(200_000)  // 7 chunks of 32 KiB
+        let small = E2E.randomBytes(1000)  // 1 chunk
         try E2E.write(sb.mnt + "/big.bin", big)
         try E2E.write(sb.mnt + "/small.bin", small)
         try #require(sb.unmount().ok)

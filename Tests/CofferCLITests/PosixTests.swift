@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // The POSIX surface through a real mount, with ordinary tools and syscalls.
@@ -47,7 +47,10 @@ struct PosixTests {
     }
 
     @Test func rsyncKeepsHardLinksAndXattrs() throws {
-        guard let rsync = E2E.which("rsync") else { Issue.record("rsync is not installed (make test-deps installs it)"); return }
+        guard let rsync = E2E.which("rsync") else {
+            Issue.record("rsync is not installed (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("rsync")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -116,7 +119,10 @@ struct PosixTests {
     }
 
     @Test func writeAndReadBeyond4GiB() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("big")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -147,11 +153,15 @@ struct PosixTests {
     }
 
     @Test func appendExclusiveAndTruncOpen() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("append")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import os, sys, errno
             p = sys.argv[1]
             with open(p, 'wb') as f: f.write(b'start;')
@@ -183,7 +193,10 @@ struct PosixTests {
     }
 
     @Test func renameVariants() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("rename")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -206,7 +219,8 @@ struct PosixTests {
 
         try E2E.write(m + "/x", "XXX")
         try E2E.write(m + "/y", "YYY")
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import ctypes, os, sys, errno
             libc = ctypes.CDLL(None, use_errno=True)
             AT_FDCWD = -100
@@ -256,7 +270,8 @@ struct PosixTests {
             let st = E2E.statOf(f)
             #expect(st.map { $0.st_mode & 0o7777 } == 0o4751, "\(when): mode")
             if E2E.isRoot {
-                #expect(st?.st_uid == 1234 && st?.st_gid == 5678, "\(when): owner \(String(describing: st?.st_uid)):\(String(describing: st?.st_gid))")
+                #expect(
+                    st?.st_uid == 1234 && st?.st_gid == 5678, "\(when): owner \(String(describing: st?.st_uid)):\(String(describing: st?.st_gid))")
             }
             #expect(st?.st_mtim.tv_nsec == 123_456_789, "\(when): mtime ns \(String(describing: st?.st_mtim.tv_nsec))")
             #expect(st?.st_atim.tv_nsec == 987_654_321, "\(when): atime ns")
@@ -268,16 +283,19 @@ struct PosixTests {
         check("after remount")
     }
 
-
     /// With the writeback cache the kernel stamps mtime and ctime on writes from its coarse clock; times the
     /// daemon stamps (create) come from the same clock, so a write right after a create never moves them back.
     /// (With CLOCK_REALTIME in the daemon, 300 of 300 writes did.)
     @Test func timesNeverGoBackAfterAWrite() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("times")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import os, sys
             m = sys.argv[1]; back = []
             for i in range(300):
@@ -301,17 +319,17 @@ struct PosixTests {
         let orig = E2E.randomBytes(150_000)
         try E2E.write(f, orig)
         #expect(truncate(f, 70_000) == 0)
-        #expect(E2E.read(f) == Array(orig[0 ..< 70_000]), "truncate down")
+        #expect(E2E.read(f) == Array(orig[0..<70_000]), "truncate down")
         #expect(truncate(f, 300_000) == 0)
         let grown = E2E.read(f)
         #expect(grown?.count == 300_000)
-        #expect(grown.map { Array($0[0 ..< 70_000]) } == Array(orig[0 ..< 70_000]), "truncate up lost the start")
+        #expect(grown.map { Array($0[0..<70_000]) } == Array(orig[0..<70_000]), "truncate up lost the start")
         #expect(grown.map { $0[70_000...].allSatisfy { $0 == 0 } } == true, "truncate up: old bytes came back instead of zeros")
         // Down to the middle of a chunk and up again: no stale bytes.
         #expect(truncate(f, 100) == 0)
         #expect(truncate(f, 65_536 + 10) == 0)
         let again = E2E.read(f)
-        #expect(again.map { Array($0[0 ..< 100]) } == Array(orig[0 ..< 100]))
+        #expect(again.map { Array($0[0..<100]) } == Array(orig[0..<100]))
         #expect(again.map { $0[100...].allSatisfy { $0 == 0 } } == true)
 
         let fa = E2E.run("/usr/bin/fallocate", ["-l", "1M", sb.mnt + "/alloc"])
@@ -329,11 +347,15 @@ struct PosixTests {
     }
 
     @Test func syncFsyncFdatasyncAndStatfs() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("fsync")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import os, sys
             p = sys.argv[1] + '/s'
             fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -427,20 +449,22 @@ struct PosixTests {
         try #require(E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }, "mount: \(child.stderr)")
         sb.noteDaemon()
         try FileManager.default.createDirectory(atPath: sb.mnt + "/d", withIntermediateDirectories: false)
-        for i in 0 ..< 100 { try E2E.write(sb.mnt + "/d/f\(i)", "\(i)") }
-        let errors = E2E.py("""
+        for i in 0..<100 { try E2E.write(sb.mnt + "/d/f\(i)", "\(i)") }
+        let errors = E2E.py(
+            """
             import os, sys, errno
             for name in ['security.selinux', 'system.posix_acl_access', 'trusted.x', 'security.capability']:
                 try: os.getxattr(sys.argv[1], name); print(name, 'found')
                 except OSError as e: print(name, errno.errorcode.get(e.errno))
             """, [sb.mnt + "/d/f0"])
-        #expect(errors.stdout == """
-            security.selinux ENOTSUP
-            system.posix_acl_access ENOTSUP
-            trusted.x ENOTSUP
-            security.capability ENOTSUP
+        #expect(
+            errors.stdout == """
+                security.selinux ENOTSUP
+                system.posix_acl_access ENOTSUP
+                trusted.x ENOTSUP
+                security.capability ENOTSUP
 
-            """, "\(errors)")
+                """, "\(errors)")
         let before = child.stderr.components(separatedBy: "opcode: GETXATTR").count
         let ls = E2E.run("/bin/ls", ["-lR", sb.mnt + "/d"])
         #expect(ls.ok && ls.stdout.split(separator: "\n").filter { $0.hasPrefix("-rw") }.count == 100, "\(ls)")
@@ -453,11 +477,15 @@ struct PosixTests {
     }
 
     @Test func nameLengthLimit() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("names")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import os, sys, errno
             m = sys.argv[1]
             n255 = 'n' * 251 + '.txt'
@@ -510,7 +538,9 @@ struct PosixTests {
         try #require(mkdir(m2, 0o755) == 0)
         try sb.remount(at: m2)
         func readlink(_ p: String) -> String? { try? FileManager.default.destinationOfSymbolicLink(atPath: p) }
-        #expect(readlink(m2 + "/abs") == m2 + "/docs/target.txt", "absolute link inside the mount did not follow the new mountpoint: \(String(describing: readlink(m2 + "/abs")))")
+        #expect(
+            readlink(m2 + "/abs") == m2 + "/docs/target.txt",
+            "absolute link inside the mount did not follow the new mountpoint: \(String(describing: readlink(m2 + "/abs")))")
         #expect(E2E.readText(m2 + "/abs") == "target", "cat through the absolute link fails at the new mountpoint")
         let cat = E2E.run("/bin/cat", [m2 + "/abs"])
         #expect(cat.stdout == "target", "\(cat)")
@@ -534,17 +564,22 @@ struct PosixTests {
         try #require(mkdir(m2, 0o755) == 0)
         // Remount elsewhere without the option: a link stored as given stays as given.
         try sb.remount(at: m2)
-        #expect((try? FileManager.default.destinationOfSymbolicLink(atPath: m2 + "/abs")) == m + "/target.txt",
-                "plain_symlinks target was rewritten")
+        #expect(
+            (try? FileManager.default.destinationOfSymbolicLink(atPath: m2 + "/abs")) == m + "/target.txt",
+            "plain_symlinks target was rewritten")
         #expect(E2E.unmount(sb, m2).ok)
     }
 
     @Test func unlinkOfAnOpenFile() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("unlinkopen")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import os, sys
             p = sys.argv[1] + '/doomed'
             with open(p, 'wb') as f: f.write(b'A' * 100000)
@@ -609,12 +644,16 @@ struct PosixTests {
     }
 
     @Test func tenThousandEntriesInOneDirectory() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("manyfiles")
         defer { sb.cleanup() }
         try sb.initAndMount()
         let dir = sb.mnt + "/many"
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import os, sys
             d = sys.argv[1]
             os.mkdir(d)
@@ -632,39 +671,53 @@ struct PosixTests {
     }
 
     @Test func sqliteDatabase() throws {
-        guard let sqlite = E2E.which("sqlite3") else { Issue.record("sqlite3 CLI is not installed (make test-deps installs it)"); return }
+        guard let sqlite = E2E.which("sqlite3") else {
+            Issue.record("sqlite3 CLI is not installed (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("sqlite")
         defer { sb.cleanup() }
         try sb.initAndMount()
         let db = sb.mnt + "/test.db"
-        let r = E2E.run(sqlite, [db, """
-            PRAGMA journal_mode=WAL;
-            CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
-            BEGIN;
-            WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000)
-              INSERT INTO t(v) SELECT printf('row-%d', x) FROM c;
-            COMMIT;
-            SELECT count(*) FROM t;
-            PRAGMA integrity_check;
-            """])
+        let r = E2E.run(
+            sqlite,
+            [
+                db,
+                """
+                PRAGMA journal_mode=WAL;
+                CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
+                BEGIN;
+                WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000)
+                  INSERT INTO t(v) SELECT printf('row-%d', x) FROM c;
+                COMMIT;
+                SELECT count(*) FROM t;
+                PRAGMA integrity_check;
+                """
+            ])
         #expect(r.ok, "\(r)")
         #expect(r.stdout.contains("1000\nok"), "\(r)")
         try sb.remount()
         let q = E2E.run(sqlite, [db, "SELECT count(*), max(v) FROM t; PRAGMA integrity_check;"])
         #expect(q.stdout == "1000|row-999\nok\n", "\(q)")
         // Rollback journal mode too.
-        let j = E2E.run(sqlite, [sb.mnt + "/j.db", "PRAGMA journal_mode=DELETE; CREATE TABLE a(x); INSERT INTO a VALUES(1),(2); SELECT sum(x) FROM a;"])
+        let j = E2E.run(
+            sqlite, [sb.mnt + "/j.db", "PRAGMA journal_mode=DELETE; CREATE TABLE a(x); INSERT INTO a VALUES(1),(2); SELECT sum(x) FROM a;"])
         #expect(j.stdout.hasSuffix("3\n"), "\(j)")
     }
 
     @Test func gitInitAndCommit() throws {
-        guard let git = E2E.which("git") else { Issue.record("git is not installed (make test-deps installs it)"); return }
+        guard let git = E2E.which("git") else {
+            Issue.record("git is not installed (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("git")
         defer { sb.cleanup() }
         try sb.initAndMount()
         let repo = sb.mnt + "/repo"
-        let env = ["HOME": sb.root, "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1",
-                   "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "T", "GIT_COMMITTER_EMAIL": "t@example.org"]
+        let env = [
+            "HOME": sb.root, "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "T", "GIT_COMMITTER_EMAIL": "t@example.org"
+        ]
         func g(_ args: [String]) -> RunResult { E2E.run(git, ["-C", repo] + args, environment: env) }
         #expect(E2E.run(git, ["init", "-q", repo], environment: env).ok)
         try E2E.write(repo + "/README", "hello\n")
@@ -685,7 +738,10 @@ struct PosixTests {
     }
 
     @Test func allowOtherAndPermissions() throws {
-        guard E2E.isRoot else { print("skipped: needs root to act as another user"); return }
+        guard E2E.isRoot else {
+            print("skipped: needs root to act as another user")
+            return
+        }
         let sb = try Sandbox("allowother")
         defer { sb.cleanup() }
         // nobody must be able to reach the mountpoint.
@@ -727,7 +783,10 @@ struct PosixTests {
     /// them, chown clears them also for root; set-group-ID without group-execute stays for a group member.
     @Test(arguments: ["allow_other", "allow_other,no_writeback_cache"])
     func setIDBitsOnWriteTruncateAndChown(options: String) throws {
-        guard E2E.isRoot else { print("skipped: needs root to act as another user"); return }
+        guard E2E.isRoot else {
+            print("skipped: needs root to act as another user")
+            return
+        }
         let sb = try Sandbox("setid")
         defer { sb.cleanup() }
         chmod(sb.root, 0o755)
@@ -777,7 +836,10 @@ struct PosixTests {
     }
 
     @Test func withoutAllowOtherOtherUsersAreShutOut() throws {
-        guard E2E.isRoot else { print("skipped: needs root to act as another user"); return }
+        guard E2E.isRoot else {
+            print("skipped: needs root to act as another user")
+            return
+        }
         let sb = try Sandbox("noallow")
         defer { sb.cleanup() }
         chmod(sb.root, 0o755)

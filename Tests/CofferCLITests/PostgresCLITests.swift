@@ -2,7 +2,7 @@ import CofferTestSupport
 import Foundation
 import Testing
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Containers in PostgreSQL through the real binary (issue 16, items 1, 3, 4 and 6): every command with a
@@ -173,27 +173,35 @@ struct PostgresCLITests {
     /// down longer, an fsync fails with EIO and the mount still answers once the server is back.
     @Test func serverRestartsUnderAWriter() throws {
         let (sb, uri, cluster) = try pgSandbox("pgrestart")
-        defer { sb.cleanup(); if !cluster.isRunning { try? cluster.start() } }
+        defer {
+            sb.cleanup()
+            if !cluster.isRunning { try? cluster.start() }
+        }
         try #require(sb.initContainer(container: uri).ok)
         try #require(sb.mount(container: uri, options: "reconnect_wait=60").ok)
         let log = sb.root + "/synced", stop = sb.root + "/stop"
-        let writer = try Child(E2E.python ?? "/usr/bin/python3", ["-c", """
-            import os, sys
-            d, log, stop = sys.argv[1], sys.argv[2], sys.argv[3]
-            i = errors = 0
-            while not os.path.exists(stop):
-                name = 'f%05d' % i
-                try:
-                    with open(os.path.join(d, name), 'wb') as f:
-                        f.write((name * 1000).encode()); f.flush(); os.fsync(f.fileno())
-                    with open(log, 'a') as l:
-                        l.write(name + '\\n'); l.flush(); os.fsync(l.fileno())
-                except OSError as e:
-                    errors += 1
-                    print('error', name, e, flush=True)
-                i += 1
-            print('done', i, errors)
-            """, sb.mnt, log, stop])
+        let writer = try Child(
+            E2E.python ?? "/usr/bin/python3",
+            [
+                "-c",
+                """
+                import os, sys
+                d, log, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+                i = errors = 0
+                while not os.path.exists(stop):
+                    name = 'f%05d' % i
+                    try:
+                        with open(os.path.join(d, name), 'wb') as f:
+                            f.write((name * 1000).encode()); f.flush(); os.fsync(f.fileno())
+                        with open(log, 'a') as l:
+                            l.write(name + '\\n'); l.flush(); os.fsync(l.fileno())
+                    except OSError as e:
+                        errors += 1
+                        print('error', name, e, flush=True)
+                    i += 1
+                print('done', i, errors)
+                """, sb.mnt, log, stop
+            ])
         usleep(1_500_000)
         try cluster.restart(mode: "fast")
         usleep(1_500_000)
@@ -214,7 +222,8 @@ struct PostgresCLITests {
         #expect(lostAfter.isEmpty, "after a remount: \(lostAfter.prefix(10))")
         try cluster.stop(mode: "immediate")
         let started = Date()
-        let down = E2E.py("""
+        let down = E2E.py(
+            """
             import os, sys
             try:
                 with open(sys.argv[1], 'wb') as f:

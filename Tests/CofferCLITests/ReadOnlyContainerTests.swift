@@ -2,16 +2,17 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Issue 5, "Surviving faults": a container that cannot be written. The tests show the container through a
 // read-only bind mount, which refuses writes even to root (root ignores permission bits, so chmod would
 // prove nothing here).
 
-@Suite("Read-only container directory",
-       .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
-       .enabled(if: E2E.isRoot, "a read-only bind mount needs root"))
+@Suite(
+    "Read-only container directory",
+    .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"),
+    .enabled(if: E2E.isRoot, "a read-only bind mount needs root"))
 struct ReadOnlyContainerTests {
     /// A read-only view of `sb.container` at `sb.root/NAME`; the caller unmounts it (`unbind`).
     func bindReadOnly(_ sb: Sandbox, at name: String = "ro") throws -> String {

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // The service issue: the systemd user unit (verified and scored by systemd-analyze), the sd_notify
@@ -35,10 +35,16 @@ final class NotifyListener: @unchecked Sendable {
         let rc = withUnsafePointer(to: &addr) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
         }
-        guard rc == 0 else { close(fd); throw Sandbox.SandboxError("bind \(path): \(errno)") }
+        guard rc == 0 else {
+            close(fd)
+            throw Sandbox.SandboxError("bind \(path): \(errno)")
+        }
     }
 
-    deinit { close(fd); if !path.hasPrefix("@") { unlink(path) } }
+    deinit {
+        close(fd)
+        if !path.hasPrefix("@") { unlink(path) }
+    }
 
     /// The next datagram, or nil after `timeout` seconds.
     func next(timeout: Double) -> String? {
@@ -46,7 +52,7 @@ final class NotifyListener: @unchecked Sendable {
         guard poll(&p, 1, Int32(timeout * 1000)) == 1 else { return nil }
         var buffer = [UInt8](repeating: 0, count: 4096)
         let n = recv(fd, &buffer, buffer.count, 0)
-        return n > 0 ? String(decoding: buffer[0 ..< n], as: UTF8.self) : nil
+        return n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self) : nil
     }
 }
 
@@ -58,7 +64,8 @@ final class ServiceChild: @unchecked Sendable {
 
     init(_ arguments: [String], environment extra: [String: String]) throws {
         let tag = "/tmp/coffer-e2e-svc-\(getpid())-\(UUID().uuidString)"
-        outPath = tag + ".out"; errPath = tag + ".err"
+        outPath = tag + ".out"
+        errPath = tag + ".err"
         let env = ProcessInfo.processInfo.environment.merging(extra) { _, new in new }
         guard let s = Spawned(E2E.coffer, arguments, stdinPath: "/dev/null", stdoutPath: outPath, stderrPath: errPath, environment: env) else {
             throw Sandbox.SandboxError("cannot start coffer")
@@ -68,12 +75,17 @@ final class ServiceChild: @unchecked Sendable {
     var stderr: String { E2E.readText(errPath) ?? "" }
     func stop() {
         if spawned.isRunning { _ = spawned.wait(timeout: 0.1) }
-        unlink(outPath); unlink(errPath)
+        unlink(outPath)
+        unlink(errPath)
     }
 }
 
 /// One message with what the test saw of the mount the moment it arrived.
-struct Notification { let text: String; let mountAnswered: Bool; var lines: [Substring] { text.split(separator: "\n") } }
+struct Notification {
+    let text: String
+    let mountAnswered: Bool
+    var lines: [Substring] { text.split(separator: "\n") }
+}
 
 extension Sandbox {
     /// Writes a conf file; returns its path.
@@ -97,8 +109,9 @@ struct ServiceTests {
         try #require(sb.initContainer().ok)
         let conf = try sb.writeConf("container = \(sb.container)\nmountpoint = \(sb.mnt)\npassfile = \(sb.passfile)\n")
         let listener = try NotifyListener(path: sb.root + "/notify.sock")
-        let child = try ServiceChild(["mount", "-f", "--config", conf],
-                                     environment: ["NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "300000"])
+        let child = try ServiceChild(
+            ["mount", "-f", "--config", conf],
+            environment: ["NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "300000"])
         defer { child.stop() }
 
         var seen: [Notification] = []
@@ -175,8 +188,9 @@ struct ServiceTests {
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
         let listener = try NotifyListener(path: sb.root + "/notify.sock")
-        let child = try ServiceChild(["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile],
-                                     environment: ["NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "200000"])
+        let child = try ServiceChild(
+            ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile],
+            environment: ["NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "200000"])
         defer { child.stop() }
         var ready = false
         while !ready, let m = listener.next(timeout: 30) { ready = m.split(separator: "\n").contains("READY=1") }
@@ -231,7 +245,8 @@ struct ServiceTests {
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
         // The test runs with the package as its directory: relative paths only work against conf/.
-        let conf = try sb.writeConf("""
+        let conf = try sb.writeConf(
+            """
             # relative to this file
             container = ../c
             mountpoint = ../m
@@ -282,7 +297,8 @@ struct ServiceTests {
         chmod(creds + "/coffer-vault", 0o400)
         let conf = try sb.writeConf("container = ../c\nmountpoint = ../m\ncredential = coffer-vault\n")
 
-        let without = E2E.run(E2E.coffer, ["mount", "--config", conf], environment: ProcessInfo.processInfo.environment.filter { $0.key != "CREDENTIALS_DIRECTORY" })
+        let without = E2E.run(
+            E2E.coffer, ["mount", "--config", conf], environment: ProcessInfo.processInfo.environment.filter { $0.key != "CREDENTIALS_DIRECTORY" })
         #expect(without.status == 17, "\(without)")
         #expect(without.stderr.contains("CREDENTIALS_DIRECTORY"), "\(without)")
 
@@ -416,7 +432,8 @@ struct ServiceTests {
         let errPath = sb.root + "/stderr"
         try E2E.write(errPath, "")
         let st = try #require(E2E.statOf(errPath))
-        let script = "JOURNAL_STREAM=\(st.st_dev):\(st.st_ino) exec \(E2E.coffer) mount -f \(sb.container) \(sb.mnt) --passfile \(sb.passfile) 2>>\(errPath)"
+        let script =
+            "JOURNAL_STREAM=\(st.st_dev):\(st.st_ino) exec \(E2E.coffer) mount -f \(sb.container) \(sb.mnt) --passfile \(sb.passfile) 2>>\(errPath)"
         guard let shell = Spawned("/bin/sh", ["-c", script], stdinPath: "/dev/null", stdoutPath: "/dev/null", stderrPath: "/dev/null") else {
             throw Sandbox.SandboxError("cannot start sh")
         }
@@ -487,11 +504,13 @@ struct ServiceTests {
         let settings = text.split(separator: "\n").filter { !$0.hasPrefix("#") && $0.contains("=") }.map { String($0) }
         // Any of these gives the service its own mount namespace (the mount would be invisible) or
         // sets no_new_privs (the setuid fusermount3 could not mount).
-        let breaking = ["PrivateTmp=", "ProtectSystem=", "ProtectHome=", "ReadWritePaths=", "ReadOnlyPaths=", "PrivateDevices=",
-                        "PrivateMounts=", "PrivateUsers=", "PrivateNetwork=", "MountFlags=", "SystemCallFilter=",
-                        "RestrictAddressFamilies=", "RestrictNamespaces=", "LockPersonality=", "MemoryDenyWriteExecute=",
-                        "RestrictSUIDSGID=", "CapabilityBoundingSet=", "ProtectKernel", "ProtectClock=", "ProtectHostname=",
-                        "ProtectProc=", "ProcSubset="]
+        let breaking = [
+            "PrivateTmp=", "ProtectSystem=", "ProtectHome=", "ReadWritePaths=", "ReadOnlyPaths=", "PrivateDevices=",
+            "PrivateMounts=", "PrivateUsers=", "PrivateNetwork=", "MountFlags=", "SystemCallFilter=",
+            "RestrictAddressFamilies=", "RestrictNamespaces=", "LockPersonality=", "MemoryDenyWriteExecute=",
+            "RestrictSUIDSGID=", "CapabilityBoundingSet=", "ProtectKernel", "ProtectClock=", "ProtectHostname=",
+            "ProtectProc=", "ProcSubset="
+        ]
         let found = settings.filter { s in breaking.contains { s.hasPrefix($0) } }
         #expect(found.isEmpty, "settings that break a user FUSE mount: \(found)")
         #expect(settings.contains("NoNewPrivileges=no"))
@@ -538,10 +557,12 @@ struct ServiceTests {
         let sb = try Sandbox("install")
         defer { sb.cleanup() }
         let dest = sb.root + "/dest"
-        let files = ["/usr/bin/coffer", "/usr/lib/systemd/user/coffer@.service", "/usr/share/doc/coffer/example.conf",
-                     "/usr/share/doc/coffer/systemd.md", "/usr/share/bash-completion/completions/coffer",
-                     "/usr/share/zsh/site-functions/_coffer", "/usr/share/fish/vendor_completions.d/coffer.fish",
-                     "/usr/share/man/man1/coffer.1"]
+        let files = [
+            "/usr/bin/coffer", "/usr/lib/systemd/user/coffer@.service", "/usr/share/doc/coffer/example.conf",
+            "/usr/share/doc/coffer/systemd.md", "/usr/share/bash-completion/completions/coffer",
+            "/usr/share/zsh/site-functions/_coffer", "/usr/share/fish/vendor_completions.d/coffer.fish",
+            "/usr/share/man/man1/coffer.1"
+        ]
         let make = ["-C", repositoryRoot, "--no-print-directory", "DESTDIR=\(dest)", "PREFIX=/usr", "BIN=\(E2E.coffer)"]
         let i = E2E.run(E2E.which("make") ?? "make", make + ["install"], timeout: 120)
         try #require(i.ok, "\(i)")
@@ -564,12 +585,16 @@ struct ServiceTests {
         #expect(E2E.lstatOf(dest + "/usr/share/doc/coffer") == nil, "the doc directory stayed")
     }
 
-    @Test(.enabled(if: ServiceTests.systemdAnalyze != nil && E2E.which("man") != nil && E2E.which("make") != nil, "needs systemd-analyze, man and make"))
+    @Test(
+        .enabled(if: ServiceTests.systemdAnalyze != nil && E2E.which("man") != nil && E2E.which("make") != nil, "needs systemd-analyze, man and make")
+    )
     func installedUnitVerifiesWithItsManPage() throws {
         let sb = try Sandbox("installverify")
         defer { sb.cleanup() }
         let prefix = sb.root + "/prefix"
-        let i = E2E.run(E2E.which("make") ?? "make", ["-C", repositoryRoot, "--no-print-directory", "PREFIX=\(prefix)", "BIN=\(E2E.coffer)", "install"], timeout: 120)
+        let i = E2E.run(
+            E2E.which("make") ?? "make", ["-C", repositoryRoot, "--no-print-directory", "PREFIX=\(prefix)", "BIN=\(E2E.coffer)", "install"],
+            timeout: 120)
         try #require(i.ok, "\(i)")
         var env = ProcessInfo.processInfo.environment
         env["MANPATH"] = prefix + "/share/man"

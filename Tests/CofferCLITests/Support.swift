@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // End-to-end support: drives the built `coffer` binary (and ordinary tools) as child processes (posix_spawn, see `run`).
@@ -46,7 +46,7 @@ enum E2E {
         starts.append(CommandLine.arguments.first ?? "")
         for start in starts where !start.isEmpty {
             var dir = URL(fileURLWithPath: start).standardizedFileURL
-            for _ in 0 ..< 6 {
+            for _ in 0..<6 {
                 let candidate = dir.appendingPathComponent("coffer").path
                 if isExecutableFile(candidate) { return candidate }
                 dir = dir.deletingLastPathComponent()
@@ -83,16 +83,22 @@ enum E2E {
     /// that had exited long ago was never seen to end. posix_spawn with file actions opens the capture files
     /// in the child only, and waitpid does not depend on any descriptor.
     @discardableResult
-    static func run(_ executable: String, _ arguments: [String], stdin: String? = nil,
-                    environment: [String: String]? = nil, timeout: TimeInterval = 90) -> RunResult {
+    static func run(
+        _ executable: String, _ arguments: [String], stdin: String? = nil,
+        environment: [String: String]? = nil, timeout: TimeInterval = 90
+    ) -> RunResult {
         let command = ([executable] + arguments).joined(separator: " ")
         let tag = "/tmp/coffer-e2e-io-\(getpid())-\(UUID().uuidString)"
         let outPath = tag + ".out", errPath = tag + ".err", inPath = tag + ".in"
         defer { for p in [outPath, errPath, inPath] { unlink(p) } }
         if let stdin { _ = FileManager.default.createFile(atPath: inPath, contents: Data(stdin.utf8)) }
-        guard let child = Spawned(executable, arguments, stdinPath: stdin == nil ? "/dev/null" : inPath,
-                                  stdoutPath: outPath, stderrPath: errPath, environment: environment) else {
-            return RunResult(status: -1, stdout: "", stderr: "cannot start \(executable): \(String(cString: strerror(errno)))", timedOut: false, command: command)
+        guard
+            let child = Spawned(
+                executable, arguments, stdinPath: stdin == nil ? "/dev/null" : inPath,
+                stdoutPath: outPath, stderrPath: errPath, environment: environment)
+        else {
+            return RunResult(
+                status: -1, stdout: "", stderr: "cannot start \(executable): \(String(cString: strerror(errno)))", timedOut: false, command: command)
         }
         let status = child.wait(timeout: timeout)
         let stdout = readText(outPath) ?? ""
@@ -120,51 +126,51 @@ enum E2E {
     /// its answer, then prints everything the program wrote and exits with its status.
     static func onTerminal(_ command: [String], answers: [(prompt: String, answer: String)], timeout: TimeInterval = 60) -> RunResult {
         let program = #"""
-        import os, pty, sys, time, select, termios
-        sep = sys.argv.index('--')
-        pairs = sys.argv[1:sep]
-        cmd = sys.argv[sep + 1:]
-        pid, fd = pty.fork()
-        if pid == 0:
-            os.execv(cmd[0], cmd)
-        out = b''
-        def pump(deadline):
-            global out
-            r, _, _ = select.select([fd], [], [], max(0.0, min(0.05, deadline - time.time())))
-            if r:
-                try:
-                    d = os.read(fd, 4096)
-                except OSError:
-                    d = b''
-                if not d:
-                    return False
-                out += d
-            return True
-        seen = 0
-        for i in range(0, len(pairs), 2):
-            prompt, answer = pairs[i].encode(), pairs[i + 1].encode()
-            deadline = time.time() + 30
-            while out.find(prompt, seen) < 0:
-                if time.time() > deadline or not pump(deadline):
-                    sys.stdout.write(out.decode(errors='replace'))
-                    sys.stdout.write('\n<<no prompt %r>>\n' % prompt)
-                    os.kill(pid, 9); os.waitpid(pid, 0)
-                    sys.exit(99)
-            seen = out.find(prompt, seen) + len(prompt)
-            # The program turns echo off (flushing input) after writing the prompt: type only after that.
-            while termios.tcgetattr(fd)[3] & termios.ECHO:
-                if time.time() > deadline:
-                    break
-                pump(deadline)
-            time.sleep(0.05)
-            os.write(fd, answer + b'\n')
-        deadline = time.time() + 60
-        while pump(deadline) and time.time() < deadline:
-            pass
-        _, status = os.waitpid(pid, 0)
-        sys.stdout.write(out.decode(errors='replace'))
-        sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
-        """#
+            import os, pty, sys, time, select, termios
+            sep = sys.argv.index('--')
+            pairs = sys.argv[1:sep]
+            cmd = sys.argv[sep + 1:]
+            pid, fd = pty.fork()
+            if pid == 0:
+                os.execv(cmd[0], cmd)
+            out = b''
+            def pump(deadline):
+                global out
+                r, _, _ = select.select([fd], [], [], max(0.0, min(0.05, deadline - time.time())))
+                if r:
+                    try:
+                        d = os.read(fd, 4096)
+                    except OSError:
+                        d = b''
+                    if not d:
+                        return False
+                    out += d
+                return True
+            seen = 0
+            for i in range(0, len(pairs), 2):
+                prompt, answer = pairs[i].encode(), pairs[i + 1].encode()
+                deadline = time.time() + 30
+                while out.find(prompt, seen) < 0:
+                    if time.time() > deadline or not pump(deadline):
+                        sys.stdout.write(out.decode(errors='replace'))
+                        sys.stdout.write('\n<<no prompt %r>>\n' % prompt)
+                        os.kill(pid, 9); os.waitpid(pid, 0)
+                        sys.exit(99)
+                seen = out.find(prompt, seen) + len(prompt)
+                # The program turns echo off (flushing input) after writing the prompt: type only after that.
+                while termios.tcgetattr(fd)[3] & termios.ECHO:
+                    if time.time() > deadline:
+                        break
+                    pump(deadline)
+                time.sleep(0.05)
+                os.write(fd, answer + b'\n')
+            deadline = time.time() + 60
+            while pump(deadline) and time.time() < deadline:
+                pass
+            _, status = os.waitpid(pid, 0)
+            sys.stdout.write(out.decode(errors='replace'))
+            sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
+            """#
         var args: [String] = []
         for a in answers { args += [a.prompt, a.answer] }
         return run(python ?? "/usr/bin/python3", ["-c", program] + args + ["--"] + command, timeout: timeout)
@@ -179,7 +185,10 @@ enum E2E {
         while i < count {
             var v = g.next()
             withUnsafeBytes(of: &v) { raw in
-                for b in raw where i < count { bytes[i] = b; i += 1 }
+                for b in raw where i < count {
+                    bytes[i] = b
+                    i += 1
+                }
             }
         }
         return bytes
@@ -225,7 +234,12 @@ enum E2E {
 
     // MARK: mounts
 
-    struct MountEntry { let source: String; let mountpoint: String; let type: String; let options: String }
+    struct MountEntry {
+        let source: String
+        let mountpoint: String
+        let type: String
+        let options: String
+    }
 
     static func mountTable() -> [MountEntry] {
         guard let text = try? String(contentsOfFile: "/proc/mounts", encoding: .utf8) else { return [] }
@@ -246,9 +260,14 @@ enum E2E {
         var out = [UInt8](), bytes = Array(s.utf8), i = 0
         while i < bytes.count {
             if bytes[i] == UInt8(ascii: "\\"), i + 3 < bytes.count,
-               let v = UInt8(String(decoding: bytes[i + 1 ... i + 3], as: UTF8.self), radix: 8) {
-                out.append(v); i += 4
-            } else { out.append(bytes[i]); i += 1 }
+                let v = UInt8(String(decoding: bytes[i + 1...i + 3], as: UTF8.self), radix: 8)
+            {
+                out.append(v)
+                i += 4
+            } else {
+                out.append(bytes[i])
+                i += 1
+            }
         }
         return String(decoding: out, as: UTF8.self)
     }
@@ -274,7 +293,8 @@ enum E2E {
         for line in table.split(separator: "\n") {
             let f = line.split(separator: " ")
             guard f.count >= 6, f[1] == "FLOCK", f[5].split(separator: ":").last == Substring(String(st.st_ino)),
-                  let pid = pid_t(f[4]) else { continue }
+                let pid = pid_t(f[4])
+            else { continue }
             let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
             if fds.contains(where: { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)")) == path }) {
                 return pid
@@ -365,7 +385,10 @@ final class Sandbox: @unchecked Sendable {
         try E2E.write(root + "/pass", password + "\n")
     }
 
-    struct SandboxError: Error, CustomStringConvertible { let description: String; init(_ d: String) { description = d } }
+    struct SandboxError: Error, CustomStringConvertible {
+        let description: String
+        init(_ d: String) { description = d }
+    }
 
     /// `coffer init c --passfile pass` with the fast test KDF.
     @discardableResult
@@ -375,8 +398,10 @@ final class Sandbox: @unchecked Sendable {
 
     /// `coffer mount c m --passfile pass [-o opts]`; remembers the daemon for cleanup.
     @discardableResult
-    func mount(container: String? = nil, at mountpoint: String? = nil, options: String? = nil, passfile: String? = nil,
-               timeout: TimeInterval = 60) -> RunResult {
+    func mount(
+        container: String? = nil, at mountpoint: String? = nil, options: String? = nil, passfile: String? = nil,
+        timeout: TimeInterval = 60
+    ) -> RunResult {
         var args = ["mount", container ?? self.container, mountpoint ?? mnt]
         if let passfile { args += ["--passfile", passfile] } else if options?.contains("passfile=") != true { args += ["--passfile", self.passfile] }
         if let options { args += ["-o", options] }
@@ -387,7 +412,9 @@ final class Sandbox: @unchecked Sendable {
 
     func noteDaemon(container: String? = nil) {
         if let pid = E2E.daemonPid(container: container ?? self.container), E2E.isAlive(pid) {
-            lock.lock(); daemons.append(pid); lock.unlock()
+            lock.lock()
+            daemons.append(pid)
+            lock.unlock()
         }
     }
 
@@ -442,7 +469,9 @@ final class Sandbox: @unchecked Sendable {
         for entry in E2E.mountTable().reversed() where entry.mountpoint.hasPrefix(root + "/") || entry.source.hasPrefix(root + "/") {
             E2E.forceUnmount(entry.mountpoint)
         }
-        lock.lock(); let seen = daemons; lock.unlock()
+        lock.lock()
+        let seen = daemons
+        lock.unlock()
         for pid in Set(seen) { E2E.wait(10) { !E2E.isAlive(pid) } }
         let stillMounted = E2E.mountTable().contains { $0.mountpoint.hasPrefix(root + "/") }
         if !stillMounted {
@@ -460,8 +489,10 @@ final class Spawned: @unchecked Sendable {
     private var status: Int32?
     private let lock = NSLock()
 
-    init?(_ executable: String, _ arguments: [String], stdinPath: String, stdoutPath: String, stderrPath: String,
-          environment: [String: String]? = nil) {
+    init?(
+        _ executable: String, _ arguments: [String], stdinPath: String, stdoutPath: String, stderrPath: String,
+        environment: [String: String]? = nil
+    ) {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -474,7 +505,8 @@ final class Spawned: @unchecked Sendable {
         defer { posix_spawnattr_destroy(&attr) }
         // Default signal dispositions and an empty mask in the child, whatever the test runner uses.
         var all = sigset_t(), none = sigset_t()
-        sigfillset(&all); sigemptyset(&none)
+        sigfillset(&all)
+        sigemptyset(&none)
         posix_spawnattr_setsigdefault(&attr, &all)
         posix_spawnattr_setsigmask(&attr, &none)
         posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
@@ -487,7 +519,10 @@ final class Spawned: @unchecked Sendable {
         defer { for p in envp { free(p) } }
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, executable, &actions, &attr, argv, envp)
-        guard rc == 0 else { errno = rc; return nil }
+        guard rc == 0 else {
+            errno = rc
+            return nil
+        }
         self.pid = pid
     }
 
@@ -506,7 +541,8 @@ final class Spawned: @unchecked Sendable {
 
     /// Exit status (128+signal when killed), nil when still running.
     func poll() -> Int32? {
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         if let status { return status }
         var st: Int32 = 0
         let r = waitpid(pid, &st, WNOHANG)
@@ -521,7 +557,8 @@ final class Spawned: @unchecked Sendable {
     /// Signals the child only while it is not reaped (so its pid cannot have been reused).
     @discardableResult
     func signal(_ sig: Int32) -> Bool {
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         guard status == nil else { return false }
         return kill(pid, sig) == 0
     }

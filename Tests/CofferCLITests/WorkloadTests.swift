@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Issue 3: workloads through a real mount that the POSIX tests do not cover: a directory of 100,000
@@ -18,7 +18,10 @@ struct WorkloadTests {
     // MARK: 100,000 files
 
     @Test func hundredThousandFilesInOneDirectory() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("100k")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -26,7 +29,8 @@ struct WorkloadTests {
         let count = 100_000
         let started = Date()
         // Empty files (mknod: one request each), every 1000th created with open and given 12 bytes naming it.
-        let made = E2E.py("""
+        let made = E2E.py(
+            """
             import os, sys, stat
             d, n = sys.argv[1], int(sys.argv[2])
             os.mkdir(d)
@@ -57,7 +61,9 @@ struct WorkloadTests {
         let listed = Date()
         try sb.remount()
         listAndStat("after remount")
-        print("WorkloadTests: 100k files: created in \(Int(created.timeIntervalSince(started))) s, listed and stated in \(Int(listed.timeIntervalSince(created))) s, total \(Int(Date().timeIntervalSince(started))) s")
+        print(
+            "WorkloadTests: 100k files: created in \(Int(created.timeIntervalSince(started))) s, listed and stated in \(Int(listed.timeIntervalSince(created))) s, total \(Int(Date().timeIntervalSince(started))) s"
+        )
     }
 
     // MARK: concurrent processes
@@ -133,7 +139,10 @@ struct WorkloadTests {
         """#
 
     @Test func eightProcessesWritingAndReadingConcurrently() throws {
-        guard let python = E2E.python else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard let python = E2E.python else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("concurrent")
         defer { sb.cleanup() }
         try sb.initAndMount()
@@ -143,11 +152,11 @@ struct WorkloadTests {
         try E2E.write(prog, Self.concurrentProgram)
         // Ten background processes (8 writers/readers, 2 on one file), each one's status collected.
         var script = "cd '\(sb.root)'\n"
-        for i in 0 ..< 8 { script += "'\(python)' '\(prog)' writer '\(dir)' \(i) > out-w\(i) 2>&1 & p\(i)=$!\n" }
-        for i in 0 ..< 2 { script += "'\(python)' '\(prog)' shared '\(dir)' \(i) > out-s\(i) 2>&1 & q\(i)=$!\n" }
+        for i in 0..<8 { script += "'\(python)' '\(prog)' writer '\(dir)' \(i) > out-w\(i) 2>&1 & p\(i)=$!\n" }
+        for i in 0..<2 { script += "'\(python)' '\(prog)' shared '\(dir)' \(i) > out-s\(i) 2>&1 & q\(i)=$!\n" }
         script += "rc=0\n"
-        for i in 0 ..< 8 { script += "wait $p\(i) || { rc=1; echo \"writer \(i) failed: $(cat out-w\(i))\"; }\n" }
-        for i in 0 ..< 2 { script += "wait $q\(i) || { rc=1; echo \"shared \(i) failed: $(cat out-s\(i))\"; }\n" }
+        for i in 0..<8 { script += "wait $p\(i) || { rc=1; echo \"writer \(i) failed: $(cat out-w\(i))\"; }\n" }
+        for i in 0..<2 { script += "wait $q\(i) || { rc=1; echo \"shared \(i) failed: $(cat out-s\(i))\"; }\n" }
         script += "cat out-w* out-s*\nexit $rc\n"
         let r = E2E.sh(script, timeout: 400)
         #expect(r.ok, "\(r)")
@@ -162,12 +171,17 @@ struct WorkloadTests {
     // MARK: git
 
     @Test func gitCloneIntoAndInsideTheMount() throws {
-        guard let git = E2E.which("git") else { Issue.record("git is not installed (make test-deps installs it)"); return }
+        guard let git = E2E.which("git") else {
+            Issue.record("git is not installed (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("gitclone")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let env = ["HOME": sb.root, "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1",
-                   "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "T", "GIT_COMMITTER_EMAIL": "t@example.org"]
+        let env = [
+            "HOME": sb.root, "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "T", "GIT_COMMITTER_EMAIL": "t@example.org"
+        ]
         func g(_ dir: String, _ args: [String]) -> RunResult { E2E.run(git, ["-C", dir] + args, environment: env, timeout: 180) }
 
         // A source repository outside the mount: a few commits, a subdirectory, a binary file, a symlink.
@@ -175,7 +189,7 @@ struct WorkloadTests {
         #expect(E2E.run(git, ["init", "-q", src], environment: env).ok)
         try FileManager.default.createDirectory(atPath: src + "/lib/deep", withIntermediateDirectories: true)
         var rng = SplitMix64(seed: 3)
-        for round in 0 ..< 4 {
+        for round in 0..<4 {
             try E2E.write(src + "/README", "round \(round)\n")
             try E2E.write(src + "/lib/code-\(round).c", String(repeating: "int f\(round)(void) { return \(round); }\n", count: 200))
             try E2E.write(src + "/lib/deep/blob.bin", rng.bytes(150_000 + round * 10_000))
@@ -186,9 +200,9 @@ struct WorkloadTests {
         }
         let head = Self.trimmed(g(src, ["rev-parse", "HEAD"]))
 
-        let fromOutside = sb.mnt + "/from-outside"          // outside -> mount (objects copied)
-        let localClone = sb.mnt + "/local-clone"            // mount -> mount, local: objects hard-linked
-        let packClone = sb.mnt + "/sub/pack-clone"          // mount -> mount through the pack protocol
+        let fromOutside = sb.mnt + "/from-outside"  // outside -> mount (objects copied)
+        let localClone = sb.mnt + "/local-clone"  // mount -> mount, local: objects hard-linked
+        let packClone = sb.mnt + "/sub/pack-clone"  // mount -> mount through the pack protocol
         let c1 = E2E.run(git, ["clone", "-q", src, fromOutside], environment: env, timeout: 180)
         try #require(c1.ok, "\(c1)")
         let c2 = E2E.run(git, ["clone", "-q", fromOutside, localClone], environment: env, timeout: 180)
@@ -232,11 +246,15 @@ struct WorkloadTests {
     // MARK: editor saves, moves
 
     @Test func editorStyleSavesWhileAReaderHoldsTheOldFile() throws {
-        guard E2E.python != nil else { Issue.record("python3 missing (make test-deps installs it)"); return }
+        guard E2E.python != nil else {
+            Issue.record("python3 missing (make test-deps installs it)")
+            return
+        }
         let sb = try Sandbox("editor")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let r = E2E.py("""
+        let r = E2E.py(
+            """
             import os, sys, random
             d = sys.argv[1]
             os.mkdir(d + '/docs')
@@ -280,7 +298,8 @@ struct WorkloadTests {
         #expect(lines.contains("reader2 True"), "\(r)")
         #expect(lines.contains("files ['report.txt']"), "\(r)")
         try sb.remount()
-        let after = E2E.py("""
+        let after = E2E.py(
+            """
             import os, sys, random
             d = sys.argv[1] + '/docs'
             print(sorted(os.listdir(d)), open(d + '/report.txt', 'rb').read() == random.Random(3).randbytes(70_000), oct(os.stat(d + '/report.txt').st_mode & 0o777))
@@ -300,8 +319,8 @@ struct WorkloadTests {
         let fm = FileManager.default
         try fm.createDirectory(atPath: m + "/one/two", withIntermediateDirectories: true)
         try fm.createDirectory(atPath: m + "/elsewhere", withIntermediateDirectories: true)
-        for i in 0 ..< 20 { try E2E.write(m + "/one/file-\(i)", "file \(i)\n" + String(repeating: "x", count: i * 3000)) }
-        let files = (0 ..< 20).map { m + "/one/file-\($0)" }
+        for i in 0..<20 { try E2E.write(m + "/one/file-\(i)", "file \(i)\n" + String(repeating: "x", count: i * 3000)) }
+        let files = (0..<20).map { m + "/one/file-\($0)" }
         let mvFiles = E2E.run("/bin/mv", files + [m + "/one/two/"])
         #expect(mvFiles.ok, "\(mvFiles)")
         let mvTree = E2E.run("/bin/mv", [m + "/tree", m + "/one/two/moved-tree"])
@@ -321,8 +340,8 @@ struct WorkloadTests {
             #expect((try? fm.contentsOfDirectory(atPath: m).sorted()) == ["elsewhere", "one"], "\(when)")
             #expect((try? fm.contentsOfDirectory(atPath: m + "/one").sorted()) == ["from-outside"], "\(when)")
             let two = (try? fm.contentsOfDirectory(atPath: m + "/elsewhere/two")) ?? []
-            #expect(Set(two) == Set((0 ..< 20).filter { $0 != 3 }.map { "file-\($0)" } + ["moved-tree"]), "\(when): \(two.sorted())")
-            for i in 0 ..< 20 where i != 3 {
+            #expect(Set(two) == Set((0..<20).filter { $0 != 3 }.map { "file-\($0)" } + ["moved-tree"]), "\(when): \(two.sorted())")
+            for i in 0..<20 where i != 3 {
                 #expect(E2E.readText(m + "/elsewhere/two/file-\(i)") == "file \(i)\n" + String(repeating: "x", count: i * 3000), "\(when): file-\(i)")
             }
             #expect(E2E.readText(m + "/elsewhere/victim") == "file 3\n" + String(repeating: "x", count: 9000), "\(when)")
@@ -355,7 +374,7 @@ struct WorkloadTests {
         let dd = E2E.sh("head -c 50331648 /dev/urandom > '\(sb.mnt)/big.bin' && sync '\(sb.mnt)/big.bin'")
         try #require(dd.ok, "\(dd)")
         var small: [String: [UInt8]] = [:]
-        for i in 0 ..< 40 {
+        for i in 0..<40 {
             small["s\(i).bin"] = E2E.randomBytes(20_000 + i * 997)
             try E2E.write(sb.mnt + "/s\(i).bin", small["s\(i).bin"]!)
         }
@@ -404,14 +423,14 @@ struct WorkloadTests {
         let markers = [
             "FileNameMarker\(id)", "DirNameMarker\(id)", "LinkTargetMarker\(id)", "LinkNameMarker\(id)",
             "XattrNameMarker\(id)", "XattrValueMarker\(id)", "SmallContentMarker\(id)", "LargeContentMarker\(id)",
-            "RenamedAwayMarker\(id)", "DeletedFileMarker\(id)",
+            "RenamedAwayMarker\(id)", "DeletedFileMarker\(id)"
         ]
         let dir = m + "/" + markers[1]
         try #require(mkdir(dir, 0o755) == 0)
         let file = dir + "/" + markers[0] + ".txt"
         try E2E.write(file, markers[6] + "\n")
         // A large file: the marker everywhere, also across every chunk boundary.
-        var large = Array(String(repeating: markers[7] + " ", count: 150_000).utf8)   // about 4 MB
+        var large = Array(String(repeating: markers[7] + " ", count: 150_000).utf8)  // about 4 MB
         large += E2E.randomBytes(100_000)
         try E2E.write(dir + "/large.bin", large)
         #expect(symlink("../" + markers[2], dir + "/" + markers[3]) == 0)
@@ -439,7 +458,8 @@ struct WorkloadTests {
         while let rel = e?.nextObject() as? String {
             let path = scanRoot + "/" + rel
             guard let st = E2E.lstatOf(path), (st.st_mode & S_IFMT) == S_IFREG, let content = E2E.read(path) else { continue }
-            scanned += 1; bytes += content.count
+            scanned += 1
+            bytes += content.count
             for marker in markers {
                 for (encoding, needle) in Self.encodings(marker) where Self.find(needle, in: content) {
                     found.append("\(marker) as \(encoding) in \(rel)")

@@ -19,7 +19,7 @@ import CofferStoreTestSupport
         var g = SplitMix64(seed: 1)
         let docs = try fx.mkdir("docs")
         let small = try fx.file("small.txt", in: docs, b("hello"))
-        try fx.file("big.bin", in: docs, g.bytes(10 * Self.chunk + 100))   // 11 chunks: a paged map
+        try fx.file("big.bin", in: docs, g.bytes(10 * Self.chunk + 100))  // 11 chunks: a paged map
         let sparse = try fx.file("sparse.bin")
         try fx.write("/sparse.bin", at: UInt64(5 * Self.chunk), b("tail"))  // positions 0-4 are holes
         let fs = try fx.mounted
@@ -56,11 +56,11 @@ import CofferStoreTestSupport
         let summary = try fx.repairAndRecheck(r)
         let lost = summary.lostRanges.first
         #expect(lost?.path == "/docs/big.bin")
-        #expect(lost?.ranges == [UInt64(3 * Self.chunk) ..< UInt64(4 * Self.chunk)])
+        #expect(lost?.ranges == [UInt64(3 * Self.chunk)..<UInt64(4 * Self.chunk)])
 
         try fx.mount()
         var expected = big
-        for i in 3 * Self.chunk ..< 4 * Self.chunk { expected[i] = 0 }
+        for i in 3 * Self.chunk..<4 * Self.chunk { expected[i] = 0 }
         let read = try fx.contents("/docs/big.bin")
         #expect(read == expected, "the readable chunks are kept, the lost one reads as zeros")
         let otherRead = try fx.contents("/other.bin")
@@ -92,7 +92,7 @@ import CofferStoreTestSupport
         try fx.repairAndRecheck(r)
         try fx.mount()
         var expected = first
-        for i in 2 * Self.chunk ..< 3 * Self.chunk { expected[i] = 0 }
+        for i in 2 * Self.chunk..<3 * Self.chunk { expected[i] = 0 }
         let read = try fx.contents("/f.bin")
         #expect(read == expected, "the older chunk is not served; its position is a hole")
         let keep = try fx.contents("/keep.bin")
@@ -349,7 +349,7 @@ import CofferStoreTestSupport
         let fx = try CheckFixture()
         defer { fx.cleanup() }
         var g = SplitMix64(seed: 6)
-        for i in 0 ..< 20 { try fx.file("f\(i)", g.bytes(3 * Self.chunk)) }
+        for i in 0..<20 { try fx.file("f\(i)", g.bytes(3 * Self.chunk)) }
         fx.unmount()
         var calls: [(done: Int, total: Int)] = []
         let store = try EntityStore.open(at: fx.storePath, keys: fx.keys, readOnly: true)
@@ -360,7 +360,10 @@ import CofferStoreTestSupport
         #expect(last.done == last.total)
         #expect(last.total == 21 + 20 + Checker.chunkWeight * 60, "inodes, entries and weighted chunks")
         var previous = 0, ordered = true
-        for c in calls { if c.done < previous { ordered = false }; previous = c.done }
+        for c in calls {
+            if c.done < previous { ordered = false }
+            previous = c.done
+        }
         #expect(ordered, "progress never goes back")
         #expect(calls.count > 60, "one report per row at least")
     }
@@ -435,12 +438,12 @@ import CofferStoreTestSupport
         let r = try fx.check()
         #expect(has(r, .chunkMissing, path: "/sparse.bin", inode: ino), "\(kinds(r))")
         let summary = try fx.repairAndRecheck(r)
-        #expect(summary.lostRanges.first?.ranges == [far ..< far + 4])
+        #expect(summary.lostRanges.first?.ranges == [far..<far + 4])
         try fx.mount()
         let read = try fx.contents("/sparse.bin")
         var expected = [UInt8](repeating: 0, count: Int(far) + 4)
-        expected.replaceSubrange(0 ..< 4, with: b("head"))
-        expected.replaceSubrange(20 * Self.chunk ..< 20 * Self.chunk + 6, with: b("middle"))
+        expected.replaceSubrange(0..<4, with: b("head"))
+        expected.replaceSubrange(20 * Self.chunk..<20 * Self.chunk + 6, with: b("middle"))
         #expect(read == expected)
     }
 }

@@ -12,7 +12,7 @@ import CofferStoreTestSupport
 /// check never throws or traps, the repair leaves a store a second check finds clean, and every file
 /// the repaired tree holds reads without an error. A failing seed is printed.
 @Suite("fsck: hostile stores") struct HostileStoreTests {
-    static let seeds: Range<UInt64> = 0 ..< 120
+    static let seeds: Range<UInt64> = 0..<120
 
     @Test func randomDamageIsRepairedToACleanReadableStore() throws {
         let template = try CheckFixture()
@@ -40,14 +40,23 @@ import CofferStoreTestSupport
             defer { fx.cleanup() }
             var rng = SplitMix64(seed: seed)
             var done: [String] = []
-            for _ in 0 ..< 1 + Int(rng.next() % 3) { done.append(try fx.edit { try damage($0, &rng) }) }
+            for _ in 0..<1 + Int(rng.next() % 3) { done.append(try fx.edit { try damage($0, &rng) }) }
             let what = "seed \(seed) (\(done.joined(separator: "; ")))"
             let found: CheckResult
-            do { found = try fx.check() } catch { failures.append("\(what): check threw \(error)"); continue }
+            do { found = try fx.check() } catch {
+                failures.append("\(what): check threw \(error)")
+                continue
+            }
             if !found.isClean { detected += 1 }
-            do { _ = try fx.repair(found) } catch { failures.append("\(what): repair threw \(error)"); continue }
+            do { _ = try fx.repair(found) } catch {
+                failures.append("\(what): repair threw \(error)")
+                continue
+            }
             let after = try fx.check()
-            if !after.isClean { failures.append("\(what): left after repair: \(kinds(after))"); continue }
+            if !after.isClean {
+                failures.append("\(what): left after repair: \(kinds(after))")
+                continue
+            }
             do {
                 try fx.mount()
                 _ = try fx.readAll()
@@ -60,8 +69,10 @@ import CofferStoreTestSupport
 
 /// One random change to one random row of one table, as an attacker with sqlite3 would make it.
 func damage(_ s: EntityStore, _ g: inout SplitMix64) throws -> String {
-    let tables: [(String, [String])] = [("inodes", ["id"]), ("dirents", ["parent", "tag"]), ("chunks", ["file", "idx"]),
-                                        ("xattrs", ["inode", "tag"]), ("chunkmaps", ["file", "page"])]
+    let tables: [(String, [String])] = [
+        ("inodes", ["id"]), ("dirents", ["parent", "tag"]), ("chunks", ["file", "idx"]),
+        ("xattrs", ["inode", "tag"]), ("chunkmaps", ["file", "page"])
+    ]
     let (table, keys) = tables[Int(g.next() % UInt64(tables.count))]
     let op = Int(g.next() % 5)
     var rng = g
@@ -101,15 +112,17 @@ func damage(_ s: EntityStore, _ g: inout SplitMix64) throws -> String {
             } else {
                 moved[last] = Data(rng.bytes(16)).databaseValue
             }
-            try db.execute(sql: "INSERT OR REPLACE INTO \(table)(\(columns)) VALUES (\(Array(repeating: "?", count: keys.count + 1).joined(separator: ", ")))",
-                           arguments: StatementArguments(moved + [Data(value).databaseValue]))
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO \(table)(\(columns)) VALUES (\(Array(repeating: "?", count: keys.count + 1).joined(separator: ", ")))",
+                arguments: StatementArguments(moved + [Data(value).databaseValue]))
             return "\(table): copied a row to another key"
         default:
             guard let other = try row(Int(rng.next() % UInt64(n))) else { return "\(table): no second row" }
             let otherValue = (other[keys.count] as Data?).map { [UInt8]($0) } ?? []
             let otherKeys: [DatabaseValue] = keys.indices.map { other[$0] as DatabaseValue }
             try update(otherValue)
-            try db.execute(sql: "UPDATE \(table) SET value = ? WHERE \(match)", arguments: StatementArguments([Data(value).databaseValue] + otherKeys))
+            try db.execute(
+                sql: "UPDATE \(table) SET value = ? WHERE \(match)", arguments: StatementArguments([Data(value).databaseValue] + otherKeys))
             return "\(table): swapped two values"
         }
     }

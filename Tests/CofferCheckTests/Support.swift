@@ -196,7 +196,10 @@ extension CheckFixture {
             for e in try fs.readdir(dir, handle: h, offset: 0, limit: 100_000, plus: false) where e.name != b(".") && e.name != b("..") {
                 let p = dirPath + "/" + String(decoding: e.name, as: UTF8.self)
                 let attr = try fs.lookup(parent: dir, name: e.name)
-                if attr.mode & UInt32(S_IFMT) == UInt32(S_IFDIR) { stack.append((attr.ino, p)); continue }
+                if attr.mode & UInt32(S_IFMT) == UInt32(S_IFDIR) {
+                    stack.append((attr.ino, p))
+                    continue
+                }
                 guard attr.mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { continue }
                 out[p] = try contents(p)
             }

@@ -11,23 +11,29 @@ import Testing
 
     /// McGrew & Viega, "The Galois/Counter Mode of Operation (GCM)", test cases 13-16 (AES-256).
     static let vectors: [Vector] = [
-        Vector(name: "GCM test case 13", key: String(repeating: "00", count: 32), iv: String(repeating: "00", count: 12),
-               plaintext: "", aad: "", ciphertext: "", tag: "530f8afbc74536b9a963b4f1c4cb738b"),
-        Vector(name: "GCM test case 14", key: String(repeating: "00", count: 32), iv: String(repeating: "00", count: 12),
-               plaintext: String(repeating: "00", count: 16), aad: "",
-               ciphertext: "cea7403d4d606b6e074ec5d3baf39d18", tag: "d0d1c8a799996bf0265b98b5d48ab919"),
-        Vector(name: "GCM test case 15",
-               key: "feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308", iv: "cafebabefacedbaddecaf888",
-               plaintext: "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b391aafd255",
-               aad: "",
-               ciphertext: "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662898015ad",
-               tag: "b094dac5d93471bdec1a502270e3cc6c"),
-        Vector(name: "GCM test case 16 (with AAD)",
-               key: "feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308", iv: "cafebabefacedbaddecaf888",
-               plaintext: "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39",
-               aad: "feedfacedeadbeeffeedfacedeadbeefabaddad2",
-               ciphertext: "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662",
-               tag: "76fc6ece0f4e1768cddf8853bb2d551b"),
+        Vector(
+            name: "GCM test case 13", key: String(repeating: "00", count: 32), iv: String(repeating: "00", count: 12),
+            plaintext: "", aad: "", ciphertext: "", tag: "530f8afbc74536b9a963b4f1c4cb738b"),
+        Vector(
+            name: "GCM test case 14", key: String(repeating: "00", count: 32), iv: String(repeating: "00", count: 12),
+            plaintext: String(repeating: "00", count: 16), aad: "",
+            ciphertext: "cea7403d4d606b6e074ec5d3baf39d18", tag: "d0d1c8a799996bf0265b98b5d48ab919"),
+        Vector(
+            name: "GCM test case 15",
+            key: "feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308", iv: "cafebabefacedbaddecaf888",
+            plaintext:
+                "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b391aafd255",
+            aad: "",
+            ciphertext:
+                "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662898015ad",
+            tag: "b094dac5d93471bdec1a502270e3cc6c"),
+        Vector(
+            name: "GCM test case 16 (with AAD)",
+            key: "feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308", iv: "cafebabefacedbaddecaf888",
+            plaintext: "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39",
+            aad: "feedfacedeadbeeffeedfacedeadbeefabaddad2",
+            ciphertext: "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662",
+            tag: "76fc6ece0f4e1768cddf8853bb2d551b")
     ]
 
     @Test(arguments: vectors)

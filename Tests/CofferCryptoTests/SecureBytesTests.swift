@@ -1,7 +1,7 @@
 import Testing
 @_spi(Testing) import CofferCrypto
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 @Suite struct SecureBytesTests {
@@ -13,7 +13,7 @@ import Glibc
         #expect(String(reflecting: secret) == "SecureBytes(6 bytes)")
         for rendering in [secret.description, String(reflecting: secret)] {
             #expect(!rendering.lowercased().contains("dead"))
-            #expect(!rendering.contains("222")) // 0xde in decimal
+            #expect(!rendering.contains("222"))  // 0xde in decimal
             #expect(!rendering.contains("AB"))
         }
     }
@@ -60,7 +60,7 @@ import Glibc
             #expect(storage.count == 48)
             #expect(storage.allSatisfy { $0 == 0 })
         }
-        secret.wipe() // idempotent
+        secret.wipe()  // idempotent
         #expect(secret.unsafeCopyBytes() == [UInt8](repeating: 0, count: 48))
     }
 
@@ -68,16 +68,16 @@ import Glibc
         var watch: SecureBytes.ReleaseWatch?
         do {
             let secret = try SecureBytes.random(count: 64)
-            secret.withUnsafeMutableBytes { $0[0] = 0xFF } // certainly non-zero
+            secret.withUnsafeMutableBytes { $0[0] = 0xFF }  // certainly non-zero
             watch = SecureBytes.watchRelease(of: secret)
             let w = try #require(watch)
-            #expect(SecureBytes.releaseAudit(w) == nil) // still alive
+            #expect(SecureBytes.releaseAudit(w) == nil)  // still alive
             withExtendedLifetime(secret) {}
         }
         let w = try #require(watch)
         let audit = try #require(SecureBytes.releaseAudit(w))
-        #expect(audit.hadDataBeforeRelease) // the deinit saw the key ...
-        #expect(audit.zeroedAtRelease)      // ... and the storage was zero before it was unmapped
+        #expect(audit.hadDataBeforeRelease)  // the deinit saw the key ...
+        #expect(audit.zeroedAtRelease)  // ... and the storage was zero before it was unmapped
     }
 
     @Test func releasedPagesOfTheirOwnAreZeroed() throws {

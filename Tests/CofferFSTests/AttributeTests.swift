@@ -15,7 +15,9 @@ struct AttributeTests {
         let d = try f.mkdir("d")
         #expect(try f.fs.setattr(ino, changes: AttributeChanges(mode: 0o4750), handle: nil, caller: caller).mode == UInt32(S_IFREG) | 0o4750)
         // Type bits in the request are ignored.
-        #expect(try f.fs.setattr(ino, changes: AttributeChanges(mode: UInt32(S_IFDIR) | 0o600), handle: nil, caller: caller).mode == UInt32(S_IFREG) | 0o600)
+        #expect(
+            try f.fs.setattr(ino, changes: AttributeChanges(mode: UInt32(S_IFDIR) | 0o600), handle: nil, caller: caller).mode == UInt32(S_IFREG)
+                | 0o600)
         #expect(try f.fs.setattr(d, changes: AttributeChanges(mode: 0o1777), handle: nil, caller: caller).mode == UInt32(S_IFDIR) | 0o1777)
         try f.remount()
         #expect(try f.fs.getattr(ino).mode == UInt32(S_IFREG) | 0o600)
@@ -30,7 +32,7 @@ struct AttributeTests {
         #expect(before.uid == 0 && before.gid == 0)
         var a = try f.fs.setattr(ino, changes: AttributeChanges(uid: 1000, gid: 2000), handle: nil, caller: caller)
         #expect(a.uid == 1000 && a.gid == 2000)
-        a = try f.fs.setattr(ino, changes: AttributeChanges(uid: UInt32.max, gid: 3000), handle: nil, caller: caller)   // -1: unchanged
+        a = try f.fs.setattr(ino, changes: AttributeChanges(uid: UInt32.max, gid: 3000), handle: nil, caller: caller)  // -1: unchanged
         #expect(a.uid == 1000 && a.gid == 3000)
         // chown clears setuid, and setgid when group-executable.
         _ = try f.fs.setattr(ino, changes: AttributeChanges(mode: 0o6755), handle: nil, caller: caller)
@@ -46,7 +48,7 @@ struct AttributeTests {
         defer { f.cleanup() }
         let ino = try f.file("f")
         let atime = Timestamp(seconds: 1_000_000_000, nanoseconds: 123_456_789)
-        let mtime = Timestamp(seconds: -5, nanoseconds: 999_999_999)   // before the epoch
+        let mtime = Timestamp(seconds: -5, nanoseconds: 999_999_999)  // before the epoch
         let beforeCtime = try f.fs.getattr(ino).ctime
         let a = try f.fs.setattr(ino, changes: AttributeChanges(atime: .set(atime), mtime: .set(mtime)), handle: nil, caller: caller)
         #expect(a.atime == atime)
@@ -122,7 +124,9 @@ struct AttributeTests {
             #expect(a.size == UInt64(target.utf8.count))
             #expect(try f.fs.readlink(a.ino) == b(target))
         }
-        expectError(FSError.nameTooLong) { _ = try f.fs.symlink(parent: root, name: b("toolong"), target: [UInt8](repeating: 0x61, count: 4097), caller: caller) }
+        expectError(FSError.nameTooLong) {
+            _ = try f.fs.symlink(parent: root, name: b("toolong"), target: [UInt8](repeating: 0x61, count: 4097), caller: caller)
+        }
         expectSomeError(FSError.self) { _ = try f.fs.symlink(parent: root, name: b("empty"), target: [], caller: caller) }
         expectError(FSError.invalid) { _ = try f.fs.readlink(try f.file("regular")) }
         try f.remount()
@@ -157,14 +161,17 @@ struct AttributeTests {
     }
 
     @Test func hostileStoredSymlinkTargetIsEIO() throws {
-        let f = try Fixture(engine: .sqlite)   // edits the SQLite file
+        let f = try Fixture(engine: .sqlite)  // edits the SQLite file
         defer { f.cleanup() }
         let ino = try f.fs.symlink(parent: root, name: b("l"), target: b("/x"), caller: caller).ino
         f.fs.forget(ino, lookups: 1)
         // Write, with the real keys, an inode whose target escapes the root (a buggy or hostile writer).
         var w = ByteWriter()
         let good = InodeTransformer().encode(try #require(try f.store.inode(ino)))
-        w.raw(good.prefix(77)); w.u8(1); w.u8(1); w.short(b("../../etc/shadow"))
+        w.raw(good.prefix(77))
+        w.u8(1)
+        w.u8(1)
+        w.short(b("../../etc/shadow"))
         let sealed = try f.keys.metadata.seal(w.bytes, aad: EntitySealer.associatedData(kind: .inode, id: ino.bigEndianBytes))
         try f.fs.commit()
         let q = try DatabaseQueue(path: f.storePath)

@@ -39,7 +39,7 @@ struct ContentTests {
         func apply(_ offset: Int, _ data: [UInt8]) throws {
             try f.write(ino, h, at: UInt64(offset), data)
             if model.count < offset + data.count { model += [UInt8](repeating: 0, count: offset + data.count - model.count) }
-            model.replaceSubrange(offset ..< offset + data.count, with: data)
+            model.replaceSubrange(offset..<offset + data.count, with: data)
         }
         // Hand-picked edges: across one boundary, exactly one chunk, a chunk and a byte, inside one chunk.
         try apply(1000, g.bytes(10000))
@@ -47,26 +47,26 @@ struct ContentTests {
         try apply(2 * cs, g.bytes(cs))
         try apply(3 * cs - 1, g.bytes(cs + 2))
         try apply(5, g.bytes(3))
-        try apply(10 * cs + 17, g.bytes(1))        // beyond EOF: leaves a hole
+        try apply(10 * cs + 17, g.bytes(1))  // beyond EOF: leaves a hole
         #expect(try f.contents(ino) == model)
         // Random writes and truncates, checked against the model.
-        for step in 0 ..< 300 {
-            switch Int.random(in: 0 ..< 10, using: &g) {
+        for step in 0..<300 {
+            switch Int.random(in: 0..<10, using: &g) {
             case 0:
-                let size = Int.random(in: 0 ... 12 * cs, using: &g)
+                let size = Int.random(in: 0...12 * cs, using: &g)
                 _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(size)), handle: h, caller: caller)
                 if size < model.count { model.removeSubrange(size...) } else { model += [UInt8](repeating: 0, count: size - model.count) }
             default:
-                let offset = Int.random(in: 0 ... 12 * cs, using: &g)
-                let length = Int.random(in: 1 ... 3 * cs, using: &g)
+                let offset = Int.random(in: 0...12 * cs, using: &g)
+                let length = Int.random(in: 1...3 * cs, using: &g)
                 try apply(offset, g.bytes(length))
             }
             #expect(try f.fs.getattr(ino).size == UInt64(model.count), "step \(step)")
             if step % 25 == 0 {
-                let offset = Int.random(in: 0 ... model.count, using: &g)
-                let size = Int.random(in: 1 ... 4 * cs, using: &g)
+                let offset = Int.random(in: 0...model.count, using: &g)
+                let size = Int.random(in: 1...4 * cs, using: &g)
                 let got = try f.fs.read(ino, handle: h, offset: UInt64(offset), size: size)
-                #expect(got == Array(model[offset ..< min(model.count, offset + size)]), "step \(step) read \(offset)+\(size)")
+                #expect(got == Array(model[offset..<min(model.count, offset + size)]), "step \(step) read \(offset)+\(size)")
             }
         }
         #expect(try f.fs.read(ino, handle: h, offset: 0, size: model.count + 10) == model)
@@ -102,7 +102,7 @@ struct ContentTests {
             var offset = 0
             while offset < data.count {
                 let n = min(data.count - offset, 131_072 + 333)
-                try f.write(ino, h, at: UInt64(offset), Array(data[offset ..< offset + n]))
+                try f.write(ino, h, at: UInt64(offset), Array(data[offset..<offset + n]))
                 offset += n
             }
             f.fs.release(ino, handle: h)
@@ -119,8 +119,8 @@ struct ContentTests {
         let f = try Fixture(chunkSize: 65536)
         defer { f.cleanup() }
         let (ino, h) = try f.create("huge")
-        let offset: UInt64 = (5 << 30) + 65530   // straddles a chunk boundary above 4 GiB
-        let payload = (0 ..< 100).map { UInt8($0) }
+        let offset: UInt64 = (5 << 30) + 65530  // straddles a chunk boundary above 4 GiB
+        let payload = (0..<100).map { UInt8($0) }
         try f.write(ino, h, at: offset, payload)
         try f.write(ino, h, at: 1 << 32, b("4G"))
         #expect(try f.fs.getattr(ino).size == offset + 100)
@@ -178,7 +178,7 @@ struct ContentTests {
         try f.write(ino, h, at: cut + 5, b("X"))
         f.fs.release(ino, handle: h)
         let again = try f.contents(ino)
-        #expect(Array(again[Int(cut) ..< Int(cut) + 7]) == [0, 0, 0, 0, 0, 0x58, 0])
+        #expect(Array(again[Int(cut)..<Int(cut) + 7]) == [0, 0, 0, 0, 0, 0x58, 0])
         // Shrink to exactly a chunk boundary, and to zero.
         _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(chunkSize)), handle: nil, caller: caller)
         #expect(try f.store.chunkIndices(file: cid) == [0])
@@ -212,7 +212,7 @@ struct ContentTests {
         let fs = f.fs
         let threads = 6
         var files: [(ino: InodeNumber, handle: HandleID, data: [UInt8])] = []
-        for t in 0 ..< threads {
+        for t in 0..<threads {
             var g = SplitMix64(seed: UInt64(t) + 100)
             let (ino, h) = try f.create("c\(t)")
             files.append((ino, h, g.bytes(300_000 + t * 777)))
@@ -222,15 +222,15 @@ struct ContentTests {
         DispatchQueue.concurrentPerform(iterations: threads) { t in
             let (ino, h, data) = snapshot[t]
             var offset = 0
-            var piece = 1000 + t * 37   // uneven, unaligned pieces
+            var piece = 1000 + t * 37  // uneven, unaligned pieces
             while offset < data.count {
                 let n = min(piece, data.count - offset)
                 do {
-                    let written = try data[offset ..< offset + n].withUnsafeBytes { try fs.write(ino, handle: h, offset: UInt64(offset), data: $0) }
+                    let written = try data[offset..<offset + n].withUnsafeBytes { try fs.write(ino, handle: h, offset: UInt64(offset), data: $0) }
                     if written != n { failures.add("thread \(t): short write") }
                     if offset % 50_000 < n {
                         let back = try fs.read(ino, handle: h, offset: UInt64(offset), size: n)
-                        if back != Array(data[offset ..< offset + n]) { failures.add("thread \(t): read-back mismatch at \(offset)") }
+                        if back != Array(data[offset..<offset + n]) { failures.add("thread \(t): read-back mismatch at \(offset)") }
                     }
                 } catch { failures.add("thread \(t): \(error)") }
                 offset += n
@@ -257,7 +257,7 @@ struct ContentTests {
             do {
                 let h = try fs.open(ino, flags: O_RDWR, caller: caller).handle
                 defer { fs.release(ino, handle: h) }
-                for i in 0 ..< 64 {
+                for i in 0..<64 {
                     if t == 0 {
                         // The writer replaces whole chunks with one byte value each.
                         let chunk = [UInt8](repeating: UInt8(i), count: 4096)
@@ -266,14 +266,14 @@ struct ContentTests {
                         // Readers must see, for each chunk, either the old bytes or the new ones: never a mix.
                         let idx = (i * 7 + t) % 64
                         let got = try fs.read(ino, handle: h, offset: UInt64(idx * 4096), size: 4096)
-                        let old = Array(initial[idx * 4096 ..< (idx + 1) * 4096])
+                        let old = Array(initial[idx * 4096..<(idx + 1) * 4096])
                         if got != old && got != [UInt8](repeating: UInt8(idx), count: 4096) { failures.add("reader \(t): torn chunk \(idx)") }
                     }
                 }
             } catch { failures.add("thread \(t): \(error)") }
         }
         #expect(failures.all.isEmpty, "\(failures.all.prefix(5))")
-        let expected = (0 ..< 64).flatMap { [UInt8](repeating: UInt8($0), count: 4096) }
+        let expected = (0..<64).flatMap { [UInt8](repeating: UInt8($0), count: 4096) }
         #expect(try f.contents(ino) == expected)
     }
 
@@ -303,8 +303,16 @@ struct ContentTests {
 final class Failures: @unchecked Sendable {
     private let lock = NSLock()
     private var messages: [String] = []
-    func add(_ m: String) { lock.lock(); messages.append(m); lock.unlock() }
-    var all: [String] { lock.lock(); defer { lock.unlock() }; return messages }
+    func add(_ m: String) {
+        lock.lock()
+        messages.append(m)
+        lock.unlock()
+    }
+    var all: [String] {
+        lock.lock()
+        defer { lock.unlock() }
+        return messages
+    }
 }
 
 /// The per-file chunk map (docs/FORMAT.md): what AEAD alone misses is caught on read, holes stay
@@ -321,11 +329,11 @@ struct ChunkMapTests {
         let ino = try f.file("f", content)
         let cid = try required(f.contentId(ino))
         var old: [[UInt8]] = []
-        for _ in 0 ..< versions {
+        for _ in 0..<versions {
             try f.fs.commit()
             old.append(try required(f.store.sealedChunks(file: cid, first: 1, last: 1).first?.sealed))
             let fresh = g.bytes(Self.cs)
-            content.replaceSubrange(Self.cs ..< 2 * Self.cs, with: fresh)
+            content.replaceSubrange(Self.cs..<2 * Self.cs, with: fresh)
             let h = try f.fs.open(ino, flags: O_RDWR, caller: caller).handle
             try f.write(ino, h, at: UInt64(Self.cs), fresh)
             f.fs.release(ino, handle: h)
@@ -349,8 +357,8 @@ struct ChunkMapTests {
         // same position), but it is not the chunk the map names.
         try f.store.putChunk(file: cid, index: 1, sealed: old[0])
         try f.remount()
-        #expect(try readChunk(f, ino, 0) == Array(content[0 ..< Self.cs]), "the other chunks still read")
-        #expect(try readChunk(f, ino, 2) == Array(content[2 * Self.cs ..< 3 * Self.cs]))
+        #expect(try readChunk(f, ino, 0) == Array(content[0..<Self.cs]), "the other chunks still read")
+        #expect(try readChunk(f, ino, 2) == Array(content[2 * Self.cs..<3 * Self.cs]))
         #expect(fsError { _ = try readChunk(f, ino, 1) } == .io)
         #expect(fsError { _ = try f.contents(ino) } == .io)
     }
@@ -391,7 +399,7 @@ struct ChunkMapTests {
         try f.store.commit()
         try f.remount()
         #expect(fsError { _ = try readChunk(f, ino, 1) } == .io)
-        #expect(try readChunk(f, ino, 0) == Array(content[0 ..< Self.cs]))
+        #expect(try readChunk(f, ino, 0) == Array(content[0..<Self.cs]))
     }
 
     @Test func pagedMapsGrowShrinkAndDetectAnOlderPage() throws {
@@ -407,7 +415,10 @@ struct ChunkMapTests {
         try f.write(ino, h, at: UInt64(2100 * Self.cs), [UInt8](repeating: 2, count: Self.cs))
         try f.fs.commit()
         let mapRoot = try required(f.store.inode(ino)).chunkMap
-        guard case .paged(let refs) = mapRoot else { Issue.record("expected a paged map, got \(mapRoot)"); return }
+        guard case .paged(let refs) = mapRoot else {
+            Issue.record("expected a paged map, got \(mapRoot)")
+            return
+        }
         #expect(refs.map(\.page) == [0, 2], "page 1 is all holes and not stored")
         #expect(try f.store.counts().chunkMapPages == 2)
         #expect(try readChunk(f, ino, 1500) == [UInt8](repeating: 0, count: Self.cs))
@@ -433,16 +444,16 @@ struct ChunkMapTests {
         let ino = try f.file("f", content)
         let pageBytes = Self.cs * ChunkMapRoot.positionsPerPage
         _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(100 * pageBytes)), handle: nil, caller: caller)
-        try f.fs.commit()   // the map is clean now: its pages may be dropped from memory
+        try f.fs.commit()  // the map is clean now: its pages may be dropped from memory
         let h = try f.fs.open(ino, flags: O_RDONLY, caller: caller).handle
-        for p in 1 ..< 100 {
+        for p in 1..<100 {
             #expect(try f.fs.read(ino, handle: h, offset: UInt64(p * pageBytes), size: 1) == [0])
         }
         #expect(try f.fs.read(ino, handle: h, offset: 0, size: 3 * Self.cs) == content)
         f.fs.release(ino, handle: h)
         try f.fs.commit()
         try f.remount()
-        #expect(try readChunk(f, ino, 2) == Array(content[2 * Self.cs ..< 3 * Self.cs]))
+        #expect(try readChunk(f, ino, 2) == Array(content[2 * Self.cs..<3 * Self.cs]))
     }
 
     /// A byte written a petabyte in costs one page reference, not one per empty page before it.
@@ -477,10 +488,13 @@ struct ChunkMapTests {
         try f.fs.commit()
         #expect(try f.store.counts().chunkMapPages == 0)
         let mapRoot = try required(f.store.inode(ino)).chunkMap
-        guard case .inline(let tags) = mapRoot else { Issue.record("expected an inline map, got \(mapRoot)"); return }
+        guard case .inline(let tags) = mapRoot else {
+            Issue.record("expected an inline map, got \(mapRoot)")
+            return
+        }
         #expect(tags.count == 3 && !tags.contains(.hole))
         try f.remount()
-        #expect(try f.contents(ino) == Array(content[0 ..< 2 * Self.cs + 10]))
+        #expect(try f.contents(ino) == Array(content[0..<2 * Self.cs + 10]))
         // Unlink removes every row of the file, pages included.
         let big = try f.file("g", g.bytes(30 * Self.cs))
         try f.fs.commit()
@@ -512,7 +526,7 @@ struct TailChunkTests {
         let cid = try required(f.contentId(ino))
         var model: [UInt8] = []
         var g = SplitMix64(seed: 10240)
-        for _ in 0 ..< 3 {                       // 30 KiB: all inside chunk 0
+        for _ in 0..<3 {  // 30 KiB: all inside chunk 0
             let record = g.bytes(10240)
             try f.write(ino, h, at: UInt64(model.count), record)
             model += record
@@ -524,7 +538,7 @@ struct TailChunkTests {
         #expect(try f.fs.read(ino, handle: h, offset: 0, size: model.count) == model)
         #expect(try f.store.chunkIndices(file: cid) == [0])
         // Appending again re-opens chunk 0 into the buffer, then moves on to chunk 1.
-        for _ in 0 ..< 4 {
+        for _ in 0..<4 {
             let record = g.bytes(10240)
             try f.write(ino, h, at: UInt64(model.count), record)
             model += record
@@ -532,7 +546,7 @@ struct TailChunkTests {
         // A write elsewhere seals the tail first, then goes through the normal path.
         let patch = g.bytes(100)
         try f.write(ino, h, at: 5, patch)
-        model.replaceSubrange(5 ..< 105, with: patch)
+        model.replaceSubrange(5..<105, with: patch)
         let more = g.bytes(3000)
         try f.write(ino, h, at: UInt64(model.count), more)
         model += more
@@ -569,10 +583,10 @@ struct TailChunkTests {
         let (ino, h) = try f.create("model")
         var model: [UInt8] = []
         var g = SplitMix64(seed: 0x7A11)
-        for step in 0 ..< 400 {
-            switch Int.random(in: 0 ..< 20, using: &g) {
+        for step in 0..<400 {
+            switch Int.random(in: 0..<20, using: &g) {
             case 0:
-                let size = Int.random(in: 0 ... model.count + cs, using: &g)
+                let size = Int.random(in: 0...model.count + cs, using: &g)
                 _ = try f.fs.setattr(ino, changes: AttributeChanges(size: UInt64(size)), handle: h, caller: caller)
                 if size < model.count { model.removeSubrange(size...) } else { model += [UInt8](repeating: 0, count: size - model.count) }
             case 1:
@@ -580,13 +594,13 @@ struct TailChunkTests {
             case 2:
                 try f.fs.commit()
             case 3, 4:
-                let offset = Int.random(in: 0 ... max(0, model.count), using: &g)
-                let data = g.bytes(Int.random(in: 1 ... 300, using: &g))
+                let offset = Int.random(in: 0...max(0, model.count), using: &g)
+                let data = g.bytes(Int.random(in: 1...300, using: &g))
                 try f.write(ino, h, at: UInt64(offset), data)
                 if model.count < offset + data.count { model += [UInt8](repeating: 0, count: offset + data.count - model.count) }
-                model.replaceSubrange(offset ..< offset + data.count, with: data)
+                model.replaceSubrange(offset..<offset + data.count, with: data)
             default:
-                let data = g.bytes(Int.random(in: 1 ... 1500, using: &g))
+                let data = g.bytes(Int.random(in: 1...1500, using: &g))
                 try f.write(ino, h, at: UInt64(model.count), data)
                 model += data
             }

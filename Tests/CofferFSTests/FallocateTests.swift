@@ -10,29 +10,29 @@ import Testing
 /// would, also after a remount.
 @Suite struct FallocateTests {
     static let punch: Int32 = 0x02 | 0x01  // FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
-    static let zero: Int32 = 0x10         // FALLOC_FL_ZERO_RANGE
+    static let zero: Int32 = 0x10  // FALLOC_FL_ZERO_RANGE
 
     /// A file of `count` 4 KiB chunks holding a pattern no chunk repeats.
     func patterned(_ f: Fixture, _ name: String, bytes count: Int) throws -> (InodeNumber, [UInt8]) {
-        let data = (0 ..< count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 / 4096) }
+        let data = (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 / 4096) }
         return (try f.file(name, data), data)
     }
 
     func zeroed(_ data: [UInt8], _ from: Int, _ to: Int) -> [UInt8] {
         var out = data
-        for i in from ..< min(to, out.count) { out[i] = 0 }
+        for i in from..<min(to, out.count) { out[i] = 0 }
         return out
     }
 
     @Test func punchFreesWholeChunksAndZeroesTheEdges() throws {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
-        let (ino, data) = try patterned(f, "p", bytes: 10 * 4096)   // 10 chunks: a paged chunk map
+        let (ino, data) = try patterned(f, "p", bytes: 10 * 4096)  // 10 chunks: a paged chunk map
         try f.fs.commit()
         let cid = try #require(try f.store.inode(ino)?.contentId)
         try f.fs.commit()
         let blocksBefore = try f.fs.getattr(ino).blocks
-        try f.fs.fallocate(ino, handle: .none, mode: Self.punch, offset: 5000, length: 12_388)   // [5000, 17388)
+        try f.fs.fallocate(ino, handle: .none, mode: Self.punch, offset: 5000, length: 12_388)  // [5000, 17388)
         let expected = zeroed(data, 5000, 17_388)
         #expect(try f.fs.getattr(ino).size == UInt64(data.count), "punching keeps the size")
         #expect(try f.contents(ino) == expected)
@@ -47,7 +47,7 @@ import Testing
     @Test func punchToTheEndDropsThePartialLastChunk() throws {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
-        let (ino, data) = try patterned(f, "tail", bytes: 10_000)   // chunks 0, 1 and 2 (1808 bytes)
+        let (ino, data) = try patterned(f, "tail", bytes: 10_000)  // chunks 0, 1 and 2 (1808 bytes)
         try f.fs.commit()
         let cid = try #require(try f.store.inode(ino)?.contentId)
         try f.fs.fallocate(ino, handle: .none, mode: Self.punch, offset: 8192, length: 1 << 20)
@@ -86,10 +86,10 @@ import Testing
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
         let (ino, h) = try f.create("t")
-        try f.write(ino, h, at: 0, [UInt8](repeating: 7, count: 6000))   // the last chunk stays in plaintext
+        try f.write(ino, h, at: 0, [UInt8](repeating: 7, count: 6000))  // the last chunk stays in plaintext
         try f.fs.fallocate(ino, handle: h, mode: Self.punch, offset: 4100, length: 100)
         var expected = [UInt8](repeating: 7, count: 6000)
-        for i in 4100 ..< 4200 { expected[i] = 0 }
+        for i in 4100..<4200 { expected[i] = 0 }
         #expect(try f.contents(ino) == expected)
         expectError(FSError.notSupported) { try f.fs.fallocate(ino, handle: h, mode: 0x02, offset: 0, length: 1) }
         expectError(FSError.notSupported) { try f.fs.fallocate(ino, handle: h, mode: 0x20, offset: 0, length: 4096) }

@@ -30,8 +30,9 @@ struct FormatFixtureTests {
         let store = try EntityStore.open(at: try container.storePath(), keys: keys)
         var options = CofferFileSystem.Options()
         options.symlinkRoot = Self.symlinkRoot
-        let fs = try CofferFileSystem(store: store, chunkSize: container.header.chunkSize, options: options,
-                                      statfsPath: dir, logger: Logger(label: "fixture"))
+        let fs = try CofferFileSystem(
+            store: store, chunkSize: container.header.chunkSize, options: options,
+            statfsPath: dir, logger: Logger(label: "fixture"))
         defer { fs.shutdown() }
 
         let manifest = try FormatFixture.manifest(version: 1)

@@ -94,7 +94,7 @@ struct LifecycleTests {
         f.fs.meta.withLock { f.fs.reapsWhenQuiet = true }  // what startCommitter sets
         let keep = try f.file("keep", b("keep me"))
         var doomed: [(ino: InodeNumber, cid: UInt64)] = []
-        for i in 0 ..< 20 {
+        for i in 0..<20 {
             let ino = try f.file("doomed-\(i)", [UInt8](repeating: UInt8(i), count: 9000))
             try f.fs.setxattr(ino, name: b("user.x"), value: b("y"), flags: 0)
             doomed.append((ino, try #require(f.contentId(ino))))
@@ -166,7 +166,7 @@ struct LifecycleTests {
         try f.fs.commit()
         try f.fs.unlink(parent: root, name: b("gone"))
         f.fs.forget(gone, lookups: 1)
-        try f.fs.commit()                      // "gone" is committed as an orphan
+        try f.fs.commit()  // "gone" is committed as an orphan
         try f.fs.unlink(parent: root, name: b("kept"))
         f.fs.forget(kept, lookups: 1)
         #expect(f.fs.meta.withLock { f.fs.dying.count } == 2)
@@ -193,7 +193,7 @@ struct LifecycleTests {
         try f.fs.unlink(parent: root, name: b("doomed"))
         try f.fs.commit()
         #expect(try f.store.orphans() == [ino])
-        _ = h   // never released: the daemon "dies" here
+        _ = h  // never released: the daemon "dies" here
         try f.crashAndRemount()
         #expect(try f.leftovers(ino, content: cid).isEmpty, "the orphan is removed at mount")
         #expect(try f.contents(keep) == b("keep me"))
@@ -234,7 +234,8 @@ struct LifecycleTests {
         let d = try f.mkdir("docs")
         let sub = try f.mkdir("deep", in: d)
         let file = try f.file("note.txt", in: sub, b("remember"))
-        _ = try f.fs.setattr(file, changes: AttributeChanges(mode: 0o600, mtime: .set(Timestamp(seconds: 1234, nanoseconds: 5678))), handle: nil, caller: caller)
+        _ = try f.fs.setattr(
+            file, changes: AttributeChanges(mode: 0o600, mtime: .set(Timestamp(seconds: 1234, nanoseconds: 5678))), handle: nil, caller: caller)
         _ = try f.fs.symlink(parent: d, name: b("link"), target: b("deep/note.txt"), caller: caller)
         _ = try f.fs.link(file, newParent: root, newName: b("hard"))
         try f.fs.setxattr(file, name: b("user.tag"), value: b("red"), flags: 0)
@@ -283,7 +284,7 @@ struct LifecycleTests {
             ("removexattr", { try fs.removexattr(file, name: b("user.a")) }),
             ("open for writing", { _ = try fs.open(file, flags: O_WRONLY, caller: caller) }),
             ("open O_RDWR", { _ = try fs.open(file, flags: O_RDWR, caller: caller) }),
-            ("open O_TRUNC", { _ = try fs.open(file, flags: O_RDONLY | O_TRUNC, caller: caller) }),
+            ("open O_TRUNC", { _ = try fs.open(file, flags: O_RDONLY | O_TRUNC, caller: caller) })
         ]
         for (what, op) in erofs {
             #expect(fsError(op) == .readOnly, "\(what)")
@@ -298,7 +299,7 @@ struct LifecycleTests {
         #expect(Set(try f.list()) == ["f", "d"])
         #expect(try fs.getxattr(file, name: b("user.a")) == b("1"))
         #expect(try fs.getattr(d).nlink == 2)
-        try fs.fsync(file, handle: nil, dataOnly: false)   // a no-op, not an error
+        try fs.fsync(file, handle: nil, dataOnly: false)  // a no-op, not an error
         try f.remount()
         #expect(try f.contents(file) == b("data"))
     }

@@ -18,7 +18,8 @@ struct NamespaceTests {
         #expect(try f.fs.getattr(root).nlink == 3)
         try f.mkdir("b")
         #expect(try f.fs.getattr(root).nlink == 4)
-        try f.mkdir("sub1", in: a); try f.mkdir("sub2", in: a)
+        try f.mkdir("sub1", in: a)
+        try f.mkdir("sub2", in: a)
         try f.file("plain", in: a)
         #expect(try f.fs.getattr(a).nlink == 4, "2 + two subdirectories; files do not count")
         expectError(FSError.exists) { _ = try f.mkdir("a") }
@@ -163,7 +164,9 @@ struct NamespaceTests {
         try f.fs.rename(parent: root, name: b("x"), newParent: root, newName: b("z"), flags: .noReplace)
         #expect(Set(try f.list()) == ["y", "z"])
         expectError(FSError.invalid) { try f.fs.rename(parent: root, name: b("z"), newParent: root, newName: b("w"), flags: [.noReplace, .exchange]) }
-        expectError(FSError.invalid) { try f.fs.rename(parent: root, name: b("z"), newParent: root, newName: b("w"), flags: RenameFlags(rawValue: 4)) }
+        expectError(FSError.invalid) {
+            try f.fs.rename(parent: root, name: b("z"), newParent: root, newName: b("w"), flags: RenameFlags(rawValue: 4))
+        }
     }
 
     @Test func renameExchange() throws {
@@ -222,7 +225,7 @@ struct NamespaceTests {
         let (attr, open) = try f.fs.create(parent: root, name: odd, mode: 0o600, flags: O_RDWR, caller: caller)
         f.fs.release(attr.ino, handle: open.handle)
         #expect(try f.fs.lookup(parent: root, name: odd).ino == attr.ino)
-        let utf = String(repeating: "é", count: 127) + "x"   // 255 bytes
+        let utf = String(repeating: "é", count: 127) + "x"  // 255 bytes
         #expect(utf.utf8.count == 255)
         try f.file(utf)
         #expect(try f.list().contains(utf))
@@ -232,7 +235,7 @@ struct NamespaceTests {
         let f = try Fixture()
         defer { f.cleanup() }
         let d = try f.mkdir("many")
-        let names = (0 ..< 3000).map { String(format: "entry-%04d", $0) }
+        let names = (0..<3000).map { String(format: "entry-%04d", $0) }
         for n in names {
             let (ino, h) = try f.create(n, in: d)
             f.fs.release(ino, handle: h)
@@ -274,7 +277,7 @@ struct NamespaceTests {
         let f = try Fixture()
         defer { f.cleanup() }
         let d = try f.mkdir("changing")
-        let names = (0 ..< 600).map { "n\($0)" }
+        let names = (0..<600).map { "n\($0)" }
         for n in names { try f.file(n, in: d) }
         var seen: [String] = []
         var offset: Int64 = 2
@@ -288,9 +291,14 @@ struct NamespaceTests {
             // Between pages: remove ten entries not listed yet and two listed ones; add ten.
             let unseen = names.filter { !seen.contains($0) && !removed.contains($0) }
             for n in unseen.prefix(10) + seen.filter({ names.contains($0) && !removed.contains($0) }).prefix(2) {
-                try f.fs.unlink(parent: d, name: b(n)); removed.insert(n)
+                try f.fs.unlink(parent: d, name: b(n))
+                removed.insert(n)
             }
-            for i in 0 ..< 10 { let n = "new-\(round)-\(i)"; try f.file(n, in: d); added.insert(n) }
+            for i in 0..<10 {
+                let n = "new-\(round)-\(i)"
+                try f.file(n, in: d)
+                added.insert(n)
+            }
             round += 1
         }
         let counts = Dictionary(seen.map { ($0, 1) }, uniquingKeysWith: +)
@@ -329,7 +337,7 @@ struct NamespaceTests {
         let f = try Fixture()
         defer { f.cleanup() }
         let ino = try f.file("a", b("data"))
-        f.fs.forget(ino, lookups: 1)          // the create's reference
+        f.fs.forget(ino, lookups: 1)  // the create's reference
         #expect(f.fs.inodes[ino] == nil, "an inode with no references and no handles leaves memory")
         let h = try f.fs.opendir(root, caller: caller)
         let plain = try f.fs.readdir(root, handle: h, offset: 0, limit: 100, plus: false)

@@ -17,8 +17,10 @@ struct PlaintextLeakTests {
             be += [UInt8(u >> 8), UInt8(u & 0xFF)]
         }
         let b64 = Data(marker.utf8).base64EncodedString()
-        return [("UTF-8", Array(marker.utf8)), ("UTF-16LE", le), ("UTF-16BE", be),
-                ("base64", Array(b64.utf8)), ("base64 unpadded", Array(b64.trimmingCharacters(in: ["="]).utf8))]
+        return [
+            ("UTF-8", Array(marker.utf8)), ("UTF-16LE", le), ("UTF-16BE", be),
+            ("base64", Array(b64.utf8)), ("base64 unpadded", Array(b64.trimmingCharacters(in: ["="]).utf8))
+        ]
     }
 
     static func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
@@ -63,18 +65,19 @@ struct PlaintextLeakTests {
         let store = try EntityStore.open(at: try made.container.storePath(), keys: made.keys)
         var fsOptions = CofferFileSystem.Options()
         fsOptions.symlinkRoot = "/mnt/LeakTestMount"
-        let fs = try CofferFileSystem(store: store, chunkSize: made.container.header.chunkSize, options: fsOptions, statfsPath: vault, logger: Logger(label: "leak"))
+        let fs = try CofferFileSystem(
+            store: store, chunkSize: made.container.header.chunkSize, options: fsOptions, statfsPath: vault, logger: Logger(label: "leak"))
 
         let id = UUID().uuidString.prefix(8)
         let markers = [
             "SecretDocumentName-\(id)", "SecretDirectoryName-\(id)", "SecretXattrName-\(id)", "SecretXattrValue-\(id)",
-            "SecretLinkTarget-\(id)", "SecretLinkName-\(id)", "TopSecretContent-\(id)",
+            "SecretLinkTarget-\(id)", "SecretLinkName-\(id)", "TopSecretContent-\(id)"
         ]
         let dir = try fs.mkdir(parent: root, name: b(markers[1]), mode: 0o755, caller: caller).ino
         let (attr, open) = try fs.create(parent: dir, name: b(markers[0] + ".txt"), mode: 0o644, flags: O_RDWR, caller: caller)
-        let content = Array(String(repeating: markers[6] + " ", count: 20_000).utf8)   // several chunks
+        let content = Array(String(repeating: markers[6] + " ", count: 20_000).utf8)  // several chunks
         _ = try content.withUnsafeBytes { try fs.write(attr.ino, handle: open.handle, offset: 0, data: $0) }
-        let small = Array((markers[6] + "-small").utf8)   // and one tiny file
+        let small = Array((markers[6] + "-small").utf8)  // and one tiny file
         let (attr2, open2) = try fs.create(parent: root, name: b("tiny"), mode: 0o644, flags: O_RDWR, caller: caller)
         _ = try small.withUnsafeBytes { try fs.write(attr2.ino, handle: open2.handle, offset: 0, data: $0) }
         fs.release(attr2.ino, handle: open2.handle)
@@ -115,7 +118,8 @@ struct PlaintextLeakTests {
 
         // And the data is really there: it reads back through a new mount.
         let reopened = try EntityStore.open(at: try made.container.storePath(), keys: made.keys)
-        let fs2 = try CofferFileSystem(store: reopened, chunkSize: made.container.header.chunkSize, options: fsOptions, statfsPath: vault, logger: Logger(label: "leak"))
+        let fs2 = try CofferFileSystem(
+            store: reopened, chunkSize: made.container.header.chunkSize, options: fsOptions, statfsPath: vault, logger: Logger(label: "leak"))
         defer { fs2.shutdown() }
         let d2 = try fs2.lookup(parent: root, name: b(markers[1])).ino
         let f2 = try fs2.lookup(parent: d2, name: b(markers[0] + ".renamed")).ino

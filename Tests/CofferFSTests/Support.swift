@@ -19,7 +19,10 @@ func makeTempDir(_ prefix: String = "coffer-fs-test") throws -> String {
 
 /// Runs `body` and returns the FSError it threw (nil if none).
 func fsError(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void) -> FSError? {
-    do { try body(); return nil } catch let e as FSError { return e } catch {
+    do {
+        try body()
+        return nil
+    } catch let e as FSError { return e } catch {
         Issue.record("expected an FSError, got \(error)", sourceLocation: sourceLocation)
         return nil
     }
@@ -65,14 +68,19 @@ final class Fixture {
     }
 
     func cleanup() {
-        if open { fs.shutdown(); open = false }
+        if open {
+            fs.shutdown()
+            open = false
+        }
         try? FileManager.default.removeItem(atPath: dir)
     }
 
     // MARK: Conveniences
 
     @discardableResult
-    func create(_ name: String, in parent: InodeNumber = root, mode: UInt32 = 0o644, flags: Int32 = O_RDWR) throws -> (ino: InodeNumber, handle: HandleID) {
+    func create(_ name: String, in parent: InodeNumber = root, mode: UInt32 = 0o644, flags: Int32 = O_RDWR) throws -> (
+        ino: InodeNumber, handle: HandleID
+    ) {
         let (attr, open) = try fs.create(parent: parent, name: b(name), mode: mode, flags: flags, caller: caller)
         return (attr.ino, open.handle)
     }

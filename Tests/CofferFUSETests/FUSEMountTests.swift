@@ -99,7 +99,8 @@ final class MountedFS: Sendable {
         while ready.wait(timeout: .now() + 0.05) == .timedOut {
             if ended.load(ordering: .acquiring) || Date() > deadline {
                 let err = runError.withLock { $0 } ?? "no error"
-                throw HarnessError(description: "mount did not become ready (run \(ended.load(ordering: .acquiring) ? "ended" : "still running"): \(err))")
+                throw HarnessError(
+                    description: "mount did not become ready (run \(ended.load(ordering: .acquiring) ? "ended" : "still running"): \(err))")
             }
         }
     }
@@ -138,8 +139,10 @@ final class MountedFS: Sendable {
 }
 
 /// Mounts, runs `body`, and always unmounts; then checks the mount is gone and shutdown ran once.
-func withMount(fs: MemoryFileSystem = MemoryFileSystem(), configure: (inout FUSEMountOptions) -> Void = { _ in },
-               _ body: (MountedFS) throws -> Void) throws {
+func withMount(
+    fs: MemoryFileSystem = MemoryFileSystem(), configure: (inout FUSEMountOptions) -> Void = { _ in },
+    _ body: (MountedFS) throws -> Void
+) throws {
     let m = try MountedFS(fs: fs, configure: configure)
     defer { m.cleanup() }
     try m.start()
@@ -161,8 +164,9 @@ func workerCPUTicks() throws -> Int {
     var total = 0, workers = 0
     for tid in try FileManager.default.contentsOfDirectory(atPath: "/proc/self/task") {
         guard let stat = try? String(contentsOfFile: "/proc/self/task/\(tid)/stat", encoding: .utf8),
-              let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")") else { continue }
-        guard stat[stat.index(after: open) ..< close] == "coffer-fuse" else { continue }  // RequestReader.workerThreadName
+            let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")")
+        else { continue }
+        guard stat[stat.index(after: open)..<close] == "coffer-fuse" else { continue }  // RequestReader.workerThreadName
         // Fields after the name: state is the 3rd of the line, utime the 14th, stime the 15th.
         let fields = stat[stat.index(after: close)...].split(separator: " ")
         guard fields.count > 12, let user = Int(fields[11]), let system = Int(fields[12]) else { continue }
@@ -291,8 +295,10 @@ struct FUSEMountTests {
             #expect(fs.contents(of: ["hello.txt"])?.count == 10)
 
             // Explicit times and chmod.
-            var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 123_456_789),
-                         timespec(tv_sec: 1_200_000_000, tv_nsec: 987_654_321)]
+            var times = [
+                timespec(tv_sec: 1_000_000_000, tv_nsec: 123_456_789),
+                timespec(tv_sec: 1_200_000_000, tv_nsec: 987_654_321)
+            ]
             #expect(utimensat(AT_FDCWD, m.path("hello.txt"), &times, 0) == 0)
             let after = try #require(statOf(m.path("hello.txt")))
             #expect(after.st_atim.tv_sec == 1_000_000_000 && after.st_atim.tv_nsec == 123_456_789)
@@ -422,10 +428,13 @@ struct FUSEMountTests {
     @Test("fsname with a comma, subtype and passthrough options show in /proc/mounts; max_write= applies")
     func options() throws {
         let fs = MemoryFileSystem()
-        try withMount(fs: fs, configure: {
-            $0.fsName = "/srv/box,one\\two"
-            $0.passthrough = ["noatime", "nodev,nosuid", "max_write=65536", "relatime"]
-        }) { m in
+        try withMount(
+            fs: fs,
+            configure: {
+                $0.fsName = "/srv/box,one\\two"
+                $0.passthrough = ["noatime", "nodev,nosuid", "max_write=65536", "relatime"]
+            }
+        ) { m in
             let entry = try #require(procMountsEntry(m.mountpoint))
             #expect(entry[0] == "/srv/box,one\\134two", "comma and backslash survive libfuse's option parser")
             #expect(entry[2] == "fuse.coffer")
@@ -442,7 +451,13 @@ struct FUSEMountTests {
     @Test("writeback cache: write-only opens reach the filesystem as read-write")
     func writebackCache() throws {
         let fs = MemoryFileSystem()
-        try withMount(fs: fs, configure: { $0.writebackCache = true; $0.singleThreaded = true }) { m in
+        try withMount(
+            fs: fs,
+            configure: {
+                $0.writebackCache = true
+                $0.singleThreaded = true
+            }
+        ) { m in
             try writeFile(m.path("w"), Array("hello".utf8), flags: O_WRONLY | O_CREAT | O_APPEND)
             let fd = open(m.path("w"), O_WRONLY | O_APPEND)
             #expect(fd >= 0)
@@ -454,11 +469,13 @@ struct FUSEMountTests {
         }
     }
 
-    @Test("Opens without handles: OPEN, OPENDIR and CREATE answered ENOSYS once, then none of them or their releases; creates, reads, writes, O_TRUNC and listings work")
+    @Test(
+        "Opens without handles: OPEN, OPENDIR and CREATE answered ENOSYS once, then none of them or their releases; creates, reads, writes, O_TRUNC and listings work"
+    )
     func opensWithoutHandles() throws {
         let fs = MemoryFileSystem(opensWithoutHandles: true)
         try withMount(fs: fs) { m in
-            try writeFile(m.path("f"), Array("hello world".utf8))        // CREATE answered ENOSYS: MKNOD
+            try writeFile(m.path("f"), Array("hello world".utf8))  // CREATE answered ENOSYS: MKNOD
             #expect(fs.count("create") == 0 && fs.count("mknod") == 1)
             // O_EXCL still holds on the MKNOD path.
             let excl = Glibc.open(m.path("f"), O_WRONLY | O_CREAT | O_EXCL, 0o644)
@@ -486,9 +503,9 @@ struct FUSEMountTests {
             // Directories too: listings (large ones in several READDIRs, and again after a change) come
             // without OPENDIR or RELEASEDIR, each name once.
             #expect(mkdir(m.path("d"), 0o755) == 0)
-            for i in 0 ..< 500 { try writeFile(m.path("d/entry-\(i)"), [UInt8(i & 0xFF)]) }
+            for i in 0..<500 { try writeFile(m.path("d/entry-\(i)"), [UInt8(i & 0xFF)]) }
             let names = try FileManager.default.contentsOfDirectory(atPath: m.path("d"))
-            #expect(names.count == 500 && Set(names) == Set((0 ..< 500).map { "entry-\($0)" }))
+            #expect(names.count == 500 && Set(names) == Set((0..<500).map { "entry-\($0)" }))
             #expect(unlink(m.path("d/entry-7")) == 0)
             #expect(try FileManager.default.contentsOfDirectory(atPath: m.path("d")).count == 499)
             #expect(try FileManager.default.contentsOfDirectory(atPath: m.mountpoint).sorted() == ["d", "f"])
@@ -498,8 +515,9 @@ struct FUSEMountTests {
         }
     }
 
-    @Test("KILLPRIV_V2: 100 writes ask GETXATTR(security.capability) at most once; without the hook, every time",
-          arguments: [true, false])
+    @Test(
+        "KILLPRIV_V2: 100 writes ask GETXATTR(security.capability) at most once; without the hook, every time",
+        arguments: [true, false])
     func killPrivNoCapabilityProbe(hook: Bool) throws {
         let fs = MemoryFileSystem()
         try withMount(fs: fs, configure: { $0.killPrivV2 = hook }) { m in
@@ -514,18 +532,28 @@ struct FUSEMountTests {
             }
             let probes = fs.count("getxattr") - before
             // With the flag the kernel asks once per inode (then sets S_NOSEC until its attributes are refreshed).
-            if hook { #expect(probes <= 1, "GETXATTR per write with KILLPRIV_V2: \(probes)") }
-            else { #expect(probes == 100, "GETXATTR without the hook: \(probes)") }
+            if hook {
+                #expect(probes <= 1, "GETXATTR per write with KILLPRIV_V2: \(probes)")
+            } else {
+                #expect(probes == 100, "GETXATTR without the hook: \(probes)")
+            }
             #expect(fs.count("write") >= 100)
             #expect(fs.count("clearSetID") == 0, "root writes carry no kill mark")
         }
     }
 
-    @Test("KILLPRIV_V2: an unprivileged writer's writes and O_TRUNC reach the filesystem as clearSetID; root's do not",
-          .enabled(if: getuid() == 0 && access("/usr/sbin/runuser", X_OK) == 0, "needs root and runuser"))
+    @Test(
+        "KILLPRIV_V2: an unprivileged writer's writes and O_TRUNC reach the filesystem as clearSetID; root's do not",
+        .enabled(if: getuid() == 0 && access("/usr/sbin/runuser", X_OK) == 0, "needs root and runuser"))
     func killPrivMarks() throws {
         let fs = MemoryFileSystem()
-        try withMount(fs: fs, configure: { $0.allowOther = true; $0.defaultPermissions = true }) { m in
+        try withMount(
+            fs: fs,
+            configure: {
+                $0.allowOther = true
+                $0.defaultPermissions = true
+            }
+        ) { m in
             chmod(m.parent, 0o755)  // mkdtemp made it 0700: nobody must reach the mountpoint
             try writeFile(m.path("f"), [1])
             #expect(chmod(m.path("f"), 0o6777) == 0)
@@ -541,17 +569,22 @@ struct FUSEMountTests {
         }
     }
 
-    @Test("max_threads bounds the requests served at once; the default is one thread more than cores",
-          arguments: [UInt32(1), 2, 4])
+    @Test(
+        "max_threads bounds the requests served at once; the default is one thread more than cores",
+        arguments: [UInt32(1), 2, 4])
     func maxThreadsBoundsConcurrency(limit: UInt32) throws {
         #expect(FUSEMountOptions.defaultMaxThreads == UInt32(sysconf(Int32(_SC_NPROCESSORS_ONLN))) + 1)
         let fs = MemoryFileSystem(statfsPauseMicroseconds: 200_000)
         try withMount(fs: fs, configure: { $0.maxThreads = limit }) { m in
             // Eight callers at once; the filesystem holds each statfs for 0.2 s.
             let done = DispatchGroup()
-            for _ in 0 ..< 8 {
+            for _ in 0..<8 {
                 done.enter()
-                Thread { var st = statvfs(); _ = statvfs(m.mountpoint, &st); done.leave() }.start()
+                Thread {
+                    var st = statvfs()
+                    _ = statvfs(m.mountpoint, &st)
+                    done.leave()
+                }.start()
             }
             #expect(done.wait(timeout: .now() + 30) == .success, "statfs callers finished")
             #expect(fs.statfsMostAtOnce == Int(limit), "served at once: \(fs.statfsMostAtOnce), max_threads \(limit)")
@@ -564,7 +597,11 @@ struct FUSEMountTests {
         try withMount(fs: fs) { m in
             try writeFile(m.path("f"), [1])
             let done = DispatchSemaphore(value: 0)
-            Thread { var st = statvfs(); _ = statvfs(m.mountpoint, &st); done.signal() }.start()
+            Thread {
+                var st = statvfs()
+                _ = statvfs(m.mountpoint, &st)
+                done.signal()
+            }.start()
             let deadline = ContinuousClock.now + .seconds(5)
             while fs.count("statfs") == 0 && ContinuousClock.now < deadline { usleep(10_000) }
             #expect(fs.count("statfs") == 1, "the slow statfs started")
@@ -581,7 +618,7 @@ struct FUSEMountTests {
     @Test("an idle mount uses no CPU (the reader sleeps once its spin is over)")
     func idleMountSleeps() throws {
         try withMount { m in
-            for i in 0 ..< 200 { try writeFile(m.path("f\(i % 10)"), [UInt8(i % 256)]) }
+            for i in 0..<200 { try writeFile(m.path("f\(i % 10)"), [UInt8(i % 256)]) }
             usleep(100_000)
             // Only the mount's worker threads count: other suites run in this process at the same time.
             let before = try workerCPUTicks()
@@ -661,8 +698,9 @@ struct FUSEMountTests {
         try writeFile(mountpoint + "/occupied", [1, 2, 3])
         let logger = Logger(label: "test")
         #expect(throws: FUSEMountError.mountpointNotEmpty(path: mountpoint)) {
-            try FUSEMount(filesystem: MemoryFileSystem(), mountpoint: mountpoint,
-                          options: FUSEMountOptions(fsName: "x"), logger: logger)
+            try FUSEMount(
+                filesystem: MemoryFileSystem(), mountpoint: mountpoint,
+                options: FUSEMountOptions(fsName: "x"), logger: logger)
         }
         #expect(procMountsEntry(mountpoint) == nil)
         var options = FUSEMountOptions(fsName: "x")
@@ -692,13 +730,15 @@ struct FUSEMountTests {
         defer { removeTree(parent) }
         let logger = Logger(label: "test")
         #expect(throws: FUSEMountError.mountpointMissing(path: parent + "/absent")) {
-            try FUSEMount(filesystem: MemoryFileSystem(), mountpoint: parent + "/absent",
-                          options: FUSEMountOptions(fsName: "x"), logger: logger)
+            try FUSEMount(
+                filesystem: MemoryFileSystem(), mountpoint: parent + "/absent",
+                options: FUSEMountOptions(fsName: "x"), logger: logger)
         }
         try writeFile(parent + "/file", [1])
         #expect(throws: FUSEMountError.mountpointNotDirectory(path: parent + "/file")) {
-            try FUSEMount(filesystem: MemoryFileSystem(), mountpoint: parent + "/file",
-                          options: FUSEMountOptions(fsName: "x"), logger: logger)
+            try FUSEMount(
+                filesystem: MemoryFileSystem(), mountpoint: parent + "/file",
+                options: FUSEMountOptions(fsName: "x"), logger: logger)
         }
         let message = FUSEMountError.mountpointMissing(path: "/nowhere").description
         #expect(message.contains("/nowhere") && message.contains("does not exist"))

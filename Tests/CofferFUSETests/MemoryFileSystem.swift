@@ -34,22 +34,26 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     let isReadOnly: Bool
     let opensWithoutHandles: Bool
     let cacheTimeouts: CacheTimeouts
-    let statistics = FileSystemStatistics(blockSize: 4096, totalBlocks: 123_456, freeBlocks: 100_000,
-                                          availableBlocks: 99_000, totalFiles: 1_000_000, freeFiles: 999_000,
-                                          maxNameLength: 255)
+    let statistics = FileSystemStatistics(
+        blockSize: 4096, totalBlocks: 123_456, freeBlocks: 100_000,
+        availableBlocks: 99_000, totalFiles: 1_000_000, freeFiles: 999_000,
+        maxNameLength: 255)
 
     /// How long each statfs takes (to see how many requests are served at once).
     let statfsPause: UInt32
 
-    init(readOnly: Bool = false, timeouts: CacheTimeouts = CacheTimeouts(), opensWithoutHandles: Bool = false,
-         statfsPauseMicroseconds: UInt32 = 0) {
+    init(
+        readOnly: Bool = false, timeouts: CacheTimeouts = CacheTimeouts(), opensWithoutHandles: Bool = false,
+        statfsPauseMicroseconds: UInt32 = 0
+    ) {
         self.statfsPause = statfsPauseMicroseconds
         self.isReadOnly = readOnly
         self.opensWithoutHandles = opensWithoutHandles
         self.cacheTimeouts = timeouts
         let now = Timestamp.now()
-        let root = Attributes(ino: 1, mode: UInt32(S_IFDIR) | 0o755, nlink: 2, uid: getuid(), gid: getgid(), rdev: 0,
-                              size: 0, blocks: 0, atime: now, mtime: now, ctime: now)
+        let root = Attributes(
+            ino: 1, mode: UInt32(S_IFDIR) | 0o755, nlink: 2, uid: getuid(), gid: getgid(), rdev: 0,
+            size: 0, blocks: 0, atime: now, mtime: now, ctime: now)
         state.withLock { $0.nodes[1] = Node(attributes: root) }
     }
 
@@ -107,7 +111,8 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     }
 
     private static func makeNode(_ s: inout State, parent: InodeNumber, name: [UInt8], mode: UInt32, caller: Caller)
-        throws(FSError) -> Attributes {
+        throws(FSError) -> Attributes
+    {
         try validate(name)
         var dir = try directory(&s, parent)
         if dir.children[name] != nil { throw .exists }
@@ -115,8 +120,9 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
         s.nextIno += 1
         let now = Timestamp.now()
         let isDir = mode & UInt32(S_IFMT) == UInt32(S_IFDIR)
-        var attributes = Attributes(ino: ino, mode: mode, nlink: isDir ? 2 : 1, uid: caller.uid, gid: caller.gid,
-                                    rdev: 0, size: 0, blocks: 0, atime: now, mtime: now, ctime: now)
+        var attributes = Attributes(
+            ino: ino, mode: mode, nlink: isDir ? 2 : 1, uid: caller.uid, gid: caller.gid,
+            rdev: 0, size: 0, blocks: 0, atime: now, mtime: now, ctime: now)
         attributes.mode = (mode & UInt32(S_IFMT)) | (mode & 0o7777 & ~caller.umask)
         var node = Node(attributes: attributes)
         node.parent = parent
@@ -145,7 +151,11 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
             Self.note(&s, "lookup")
             let dir = try Self.directory(&s, parent)
             let ino: InodeNumber
-            if name == [0x2E] { ino = parent } else if name == [0x2E, 0x2E] { ino = dir.parent } else {
+            if name == [0x2E] {
+                ino = parent
+            } else if name == [0x2E, 0x2E] {
+                ino = dir.parent
+            } else {
                 guard let child = dir.children[name] else { throw .notFound }
                 ino = child
             }
@@ -180,7 +190,8 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     }
 
     func setattr(_ ino: InodeNumber, changes: AttributeChanges, handle: HandleID?, caller: Caller) throws(FSError)
-        -> Attributes {
+        -> Attributes
+    {
         try checkWritable()
         return try state.withLock { s throws(FSError) in
             Self.note(&s, handle == nil ? "setattr" : "setattr-handle")
@@ -236,7 +247,8 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     }
 
     func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError)
-        -> Attributes {
+        -> Attributes
+    {
         try checkWritable()
         guard mode & UInt32(S_IFMT) == UInt32(S_IFREG) || mode & UInt32(S_IFMT) == UInt32(S_IFIFO) else {
             throw .permission
@@ -251,8 +263,9 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
         try checkWritable()
         return try state.withLock { s throws(FSError) in
             Self.note(&s, "mkdir")
-            return try Self.makeNode(&s, parent: parent, name: name, mode: UInt32(S_IFDIR) | (mode & 0o7777),
-                                     caller: caller)
+            return try Self.makeNode(
+                &s, parent: parent, name: name, mode: UInt32(S_IFDIR) | (mode & 0o7777),
+                caller: caller)
         }
     }
 
@@ -260,8 +273,9 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
         try checkWritable()
         return try state.withLock { s throws(FSError) in
             Self.note(&s, "symlink")
-            var a = try Self.makeNode(&s, parent: parent, name: name, mode: UInt32(S_IFLNK) | 0o777,
-                                      caller: Caller(uid: caller.uid, gid: caller.gid, pid: caller.pid, umask: 0))
+            var a = try Self.makeNode(
+                &s, parent: parent, name: name, mode: UInt32(S_IFLNK) | 0o777,
+                caller: Caller(uid: caller.uid, gid: caller.gid, pid: caller.pid, umask: 0))
             s.nodes[a.ino]?.target = target
             s.nodes[a.ino]?.attributes.size = UInt64(target.count)
             a.size = UInt64(target.count)
@@ -317,7 +331,8 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     }
 
     func rename(parent: InodeNumber, name: [UInt8], newParent: InodeNumber, newName: [UInt8], flags: RenameFlags)
-        throws(FSError) {
+        throws(FSError)
+    {
         try checkWritable()
         try state.withLock { s throws(FSError) in
             Self.note(&s, "rename")
@@ -368,12 +383,14 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     }
 
     func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError)
-        -> (Attributes, OpenResult) {
+        -> (Attributes, OpenResult)
+    {
         try checkWritable()
         return try state.withLock { s throws(FSError) in
             Self.note(&s, "create")
-            let a = try Self.makeNode(&s, parent: parent, name: name, mode: UInt32(S_IFREG) | (mode & 0o7777),
-                                      caller: caller)
+            let a = try Self.makeNode(
+                &s, parent: parent, name: name, mode: UInt32(S_IFREG) | (mode & 0o7777),
+                caller: caller)
             let h = s.nextHandle
             s.nextHandle += 1
             s.openHandles[h] = a.ino
@@ -393,7 +410,8 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
     }
 
     func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError)
-        -> Int {
+        -> Int
+    {
         try checkWritable()
         return try state.withLock { s throws(FSError) in
             Self.note(&s, "write")
@@ -450,7 +468,8 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
 
     /// Cookie i+1 resumes after the i-th entry of [".", "..", children sorted by name].
     func readdir(_ ino: InodeNumber, handle: HandleID, offset: Int64, limit: Int, plus: Bool) throws(FSError)
-        -> [DirectoryEntry] {
+        -> [DirectoryEntry]
+    {
         try state.withLock { s throws(FSError) in
             Self.note(&s, plus ? "readdirplus" : "readdir")
             let dir = try Self.directory(&s, ino)
@@ -461,8 +480,9 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
             for i in Int(offset)..<min(all.count, Int(offset) + limit) {
                 let (name, child) = all[i]
                 guard let node = s.nodes[child] else { continue }
-                var entry = DirectoryEntry(name: name, ino: child, type: node.attributes.mode & UInt32(S_IFMT),
-                                           offset: Int64(i + 1))
+                var entry = DirectoryEntry(
+                    name: name, ino: child, type: node.attributes.mode & UInt32(S_IFMT),
+                    offset: Int64(i + 1))
                 if plus {
                     entry.attributes = node.attributes
                     s.nodes[child]?.lookups += 1

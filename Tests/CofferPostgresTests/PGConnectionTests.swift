@@ -15,7 +15,7 @@ import Testing
 
     @Test func connectsOverTheSocket() throws {
         let c = try PGConnection(try Shared.cluster().superuserURI)
-        #expect(c.serverVersion >= 140000)   // pipeline mode needs 14+
+        #expect(c.serverVersion >= 140000)  // pipeline mode needs 14+
         #expect(c.isAlive)
         #expect(try c.execute("SELECT 'ok'::text").text(0, 0) == "ok")
     }
@@ -43,9 +43,9 @@ import Testing
         let r = try c.execute("SELECT v, length(v)::int8 FROM \(t) ORDER BY id")
         for (i, v) in values.enumerated() {
             #expect(try r.bytes(i, 0) == v, "value \(i)")
-            #expect(try r.int64(i, 1) == Int64(v.count))   // the server stored the real size
+            #expect(try r.int64(i, 1) == Int64(v.count))  // the server stored the real size
         }
-        #expect(try r.isNull(0, 0) == false)   // empty is not NULL
+        #expect(try r.isNull(0, 0) == false)  // empty is not NULL
         let sum = try r.withBytes(4, 0) { $0.reduce(0) { $0 &+ Int($1) } }
         #expect(sum == values[4].reduce(0) { $0 &+ Int($1) })
     }
@@ -64,22 +64,24 @@ import Testing
         let c = try PGConnection(try Shared.cluster().superuserURI)
         let t = try freshTable(c, "id int8 PRIMARY KEY, v bytea")
         let chunk = [UInt8](repeating: 7, count: 32 * 1024)
-        var batch = (0 ..< 100).map { PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(Int64($0)), .bytea(chunk)]) }
+        var batch = (0..<100).map { PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(Int64($0)), .bytea(chunk)]) }
         batch.append(PGStatement("SELECT count(*) FROM \(t)"))
         let results = try c.pipeline(batch)
         #expect(results.count == 101)
         #expect(results[0].affectedRows == 1)
         #expect(try results[100].int64(0, 0) == 100)
         // A failing statement in the middle: the first error is thrown, the batch leaves nothing.
-        let failing = [PGStatement("INSERT INTO \(t) VALUES (1000, ''::bytea)"),
-                       PGStatement("INSERT INTO \(t) VALUES (5, ''::bytea)"),   // duplicate key
-                       PGStatement("INSERT INTO \(t) VALUES (1001, ''::bytea)")]
+        let failing = [
+            PGStatement("INSERT INTO \(t) VALUES (1000, ''::bytea)"),
+            PGStatement("INSERT INTO \(t) VALUES (5, ''::bytea)"),  // duplicate key
+            PGStatement("INSERT INTO \(t) VALUES (1001, ''::bytea)")
+        ]
         #expect(pgError { _ = try c.pipeline(failing) }?.sqlState == .uniqueViolation)
         #expect(try count(c, t) == 100)
-        #expect(c.isAlive)   // the connection left pipeline mode and works
+        #expect(c.isAlive)  // the connection left pipeline mode and works
         #expect(try c.pipeline([]).isEmpty)
         // Prepared statements in a batch and alone: prepared once, then only bound.
-        let again = (200 ..< 210).map { PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(Int64($0)), .bytea([1])], prepared: true) }
+        let again = (200..<210).map { PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(Int64($0)), .bytea([1])], prepared: true) }
         _ = try c.pipeline(again)
         try c.execute("INSERT INTO \(t) VALUES ($1, $2)", [.int8(300), .bytea([])], prepared: true)
         #expect(try c.execute("SELECT count(*) FROM pg_prepared_statements").int64(0, 0) == 1)

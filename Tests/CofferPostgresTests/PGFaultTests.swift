@@ -12,7 +12,12 @@ import Testing
         let pool = try PGPool(cluster.superuserURI, maxConnections: 2, reconnectWait: 20)
         let t = try pool.withConnection { c in try freshTable(c, "id int8") }
         // Two connections open and idle.
-        try pool.withConnection { a in try pool.withConnection { b in _ = try a.execute("SELECT 1"); _ = try b.execute("SELECT 1") } }
+        try pool.withConnection { a in
+            try pool.withConnection { b in
+                _ = try a.execute("SELECT 1")
+                _ = try b.execute("SELECT 1")
+            }
+        }
         try pool.withConnection { c in try c.execute("SELECT $1::int8", [.int8(1)], prepared: true) }
         try cluster.restart(mode: mode)
         let start = Date()
@@ -42,7 +47,10 @@ import Testing
         let cluster = try PostgresCluster()
         defer { cluster.destroy() }
         let pool = try PGPool(cluster.superuserURI, reconnectWait: 20)
-        let stopper = Thread { Thread.sleep(forTimeInterval: 1); try? cluster.restart(mode: "fast") }
+        let stopper = Thread {
+            Thread.sleep(forTimeInterval: 1)
+            try? cluster.restart(mode: "fast")
+        }
         stopper.start()
         let e = pgError { try pool.withConnection { c in _ = try c.execute("SELECT pg_sleep(30)") } }
         #expect(e?.isConnectionLoss == true, "\(String(describing: e))")

@@ -22,7 +22,7 @@ import Testing
             "postgresql://\(Shared.role):\(wrong)%zz@127.0.0.1:\(cluster.port)/\(cluster.database)",
             "host=127.0.0.1 password=\(wrong) port",
             // Nobody listening.
-            "postgresql://\(Shared.role):\(wrong)@127.0.0.1:1/db",
+            "postgresql://\(Shared.role):\(wrong)@127.0.0.1:1/db"
         ]
         for s in strings {
             let e = pgError { _ = try PGConnection(s) }

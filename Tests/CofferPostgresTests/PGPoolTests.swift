@@ -11,11 +11,11 @@ import Testing
         let t = try pool.withConnection { c in try freshTable(c, "id int8 PRIMARY KEY, backend int8") }
         let failures = Locked(0)
         let done = DispatchGroup()
-        for w in 0 ..< 8 {
+        for w in 0..<8 {
             done.enter()
             Thread {
                 defer { done.leave() }
-                for i in 0 ..< 25 {
+                for i in 0..<25 {
                     do {
                         try pool.withConnection { c in
                             try c.execute("INSERT INTO \(t) VALUES ($1, pg_backend_pid())", [.int8(Int64(w * 100 + i))])
@@ -35,7 +35,10 @@ import Testing
     @Test func leftoverTransactionIsRolledBackAtCheckin() throws {
         let pool = try PGPool(try Shared.cluster().superuserURI, maxConnections: 1)
         let t = try pool.withConnection { c in try freshTable(c, "id int8") }
-        try pool.withConnection { c in try c.execute("BEGIN"); try c.execute("INSERT INTO \(t) VALUES (1)") }
+        try pool.withConnection { c in
+            try c.execute("BEGIN")
+            try c.execute("INSERT INTO \(t) VALUES (1)")
+        }
         let (open, rows) = try pool.withConnection { c in (c.inTransaction, try count(c, t)) }
         #expect(!open)
         #expect(rows == 0)
@@ -47,6 +50,14 @@ final class Locked<T>: @unchecked Sendable {
     private var v: T
     private let lock = NSLock()
     init(_ v: T) { self.v = v }
-    var value: T { lock.lock(); defer { lock.unlock() }; return v }
-    func update(_ f: (inout T) -> Void) { lock.lock(); f(&v); lock.unlock() }
+    var value: T {
+        lock.lock()
+        defer { lock.unlock() }
+        return v
+    }
+    func update(_ f: (inout T) -> Void) {
+        lock.lock()
+        f(&v)
+        lock.unlock()
+    }
 }

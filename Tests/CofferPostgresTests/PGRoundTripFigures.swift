@@ -18,7 +18,7 @@ import Testing
             var start = Date()
             for prepared in [false, true] {
                 start = Date()
-                for i in 0 ..< selects {
+                for i in 0..<selects {
                     let r = try c.execute("SELECT v FROM \(t) WHERE id = $1", [.int8(Int64(i % 1000))], prepared: prepared)
                     #expect(try r.bytes(0, 0) == [1, 2])
                 }
@@ -31,18 +31,24 @@ import Testing
                 let batches = 10 * Self.scale
                 var id: Int64 = 10_000 + Int64(size) * 1_000_000
                 func batch() -> [PGStatement] {
-                    (0 ..< 100).map { _ in id += 1; return PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(id), .bytea(value)], prepared: true) }
+                    (0..<100).map { _ in
+                        id += 1
+                        return PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(id), .bytea(value)], prepared: true)
+                    }
                 }
                 start = Date()
-                for _ in 0 ..< batches { _ = try c.pipeline([PGStatement("BEGIN")] + batch() + [PGStatement("COMMIT")]) }
+                for _ in 0..<batches { _ = try c.pipeline([PGStatement("BEGIN")] + batch() + [PGStatement("COMMIT")]) }
                 let pipelined = Date().timeIntervalSince(start) / Double(batches)
                 start = Date()
-                for _ in 0 ..< batches {
+                for _ in 0..<batches {
                     let statements = batch()
                     try c.transaction { c in for s in statements { try c.execute(s.sql, s.params, prepared: true) } }
                 }
                 let oneByOne = Date().timeIntervalSince(start) / Double(batches)
-                print(String(format: "pg %@: 100 x %d B INSERT + COMMIT: pipelined %.1f ms, one by one %.1f ms", name, size, pipelined * 1e3, oneByOne * 1e3))
+                print(
+                    String(
+                        format: "pg %@: 100 x %d B INSERT + COMMIT: pipelined %.1f ms, one by one %.1f ms", name, size, pipelined * 1e3,
+                        oneByOne * 1e3))
             }
             #expect(try count(c, t) == Int64(1000 + 400 * 10 * Self.scale))
         }
@@ -54,9 +60,17 @@ import Testing
     static func threadHop() -> Double {
         let request = DispatchSemaphore(value: 0), reply = DispatchSemaphore(value: 0)
         let rounds = 20_000
-        Thread { for _ in 0 ..< rounds { request.wait(); reply.signal() } }.start()
+        Thread {
+            for _ in 0..<rounds {
+                request.wait()
+                reply.signal()
+            }
+        }.start()
         let start = Date()
-        for _ in 0 ..< rounds { request.signal(); reply.wait() }
+        for _ in 0..<rounds {
+            request.signal()
+            reply.wait()
+        }
         return Date().timeIntervalSince(start) / Double(rounds)
     }
 }

@@ -14,7 +14,7 @@ enum Shared {
         atexit { if case .success(let c) = Shared.setup { c.destroy() } }
         try cluster.psql("CREATE ROLE \(role) LOGIN PASSWORD '\(password)'; GRANT ALL ON SCHEMA public TO \(role)")
         try "127.0.0.1:\(cluster.port):*:\(role):\(password)\n".write(toFile: passfile(cluster), atomically: true, encoding: .utf8)
-        chmod(passfile(cluster), 0o600)   // libpq ignores a passfile others can read
+        chmod(passfile(cluster), 0o600)  // libpq ignores a passfile others can read
         return cluster
     }
 

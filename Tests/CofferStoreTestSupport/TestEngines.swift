@@ -43,8 +43,10 @@ public struct TestStore {
     public let location: PostgresLocation?
 
     /// Creates an empty store (random keys: no KDF) in `dir` or in a fresh schema.
-    public static func create(_ engine: StoreEngine, in dir: String, name: String = "store.db", chunkSize: Int = 65536,
-                              cluster: PostgresCluster? = nil) throws -> TestStore {
+    public static func create(
+        _ engine: StoreEngine, in dir: String, name: String = "store.db", chunkSize: Int = 65536,
+        cluster: PostgresCluster? = nil
+    ) throws -> TestStore {
         let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
         switch engine {
         case .sqlite:

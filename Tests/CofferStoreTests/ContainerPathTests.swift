@@ -29,8 +29,10 @@ struct ContainerPathTests {
     }
 
     @Test func uncleanPathsStayVerbatim() throws {
-        for p in ["/home/ann/Vault/a/../b", "/home/ann/Vault//a", "/home/ann/Vault/./a", "/home/ann/Vault/a/",
-                  "/home/ann/Vault/..", "/home/ann/Vault/.", "//home/ann/Vault/a", "/home/ann/./Vault/a", "/home/ann/Vault/"] {
+        for p in [
+            "/home/ann/Vault/a/../b", "/home/ann/Vault//a", "/home/ann/Vault/./a", "/home/ann/Vault/a/",
+            "/home/ann/Vault/..", "/home/ann/Vault/.", "//home/ann/Vault/a", "/home/ann/./Vault/a", "/home/ann/Vault/"
+        ] {
             let stored = ContainerPathTransformer.store(b(p), root: root)
             #expect(stored == .verbatim(b(p)), "\(p) was stored as \(stored)")
             // ... and they read back exactly as written, whatever the root.
@@ -70,7 +72,7 @@ struct ContainerPathTests {
             (.relative(b("a\0b")), .containsNul),
             (.verbatim(b("/etc\0/passwd")), .containsNul),
             (.relative([UInt8](repeating: 0x61, count: 4097)), .tooLong(4097)),
-            (.verbatim([UInt8](repeating: 0x61, count: 5000)), .tooLong(5000)),
+            (.verbatim([UInt8](repeating: 0x61, count: 5000)), .tooLong(5000))
         ]
         for (value, expected) in cases {
             do {
@@ -82,8 +84,14 @@ struct ContainerPathTests {
             // Through the binary decoder: a DecodeError, never a value.
             var w = ByteWriter()
             switch value {
-            case .relative(let p): w.u8(1); w.u16(UInt16(min(p.count, 65535))); w.raw(p)
-            case .verbatim(let p): w.u8(0); w.u16(UInt16(min(p.count, 65535))); w.raw(p)
+            case .relative(let p):
+                w.u8(1)
+                w.u16(UInt16(min(p.count, 65535)))
+                w.raw(p)
+            case .verbatim(let p):
+                w.u8(0)
+                w.u16(UInt16(min(p.count, 65535)))
+                w.raw(p)
             }
             var reader = ByteReader(w.bytes)
             do {
@@ -101,8 +109,10 @@ struct ContainerPathTests {
     }
 
     @Test func binaryRoundTrip() throws {
-        for v in [StoredPath.relative([]), .relative(b("a/b")), .verbatim([]), .verbatim(b("/x/y")), .verbatim(b("../rel")),
-                  .relative([UInt8](repeating: 0x7A, count: 4096))] {
+        for v in [
+            StoredPath.relative([]), .relative(b("a/b")), .verbatim([]), .verbatim(b("/x/y")), .verbatim(b("../rel")),
+            .relative([UInt8](repeating: 0x7A, count: 4096))
+        ] {
             var w = ByteWriter()
             ContainerPathTransformer.encode(v, into: &w)
             var r = ByteReader(w.bytes + [0xEE])
@@ -111,7 +121,7 @@ struct ContainerPathTests {
         }
         var r = ByteReader([7, 0, 1, 0x61])
         expectError(DecodeError.invalidValue("path tag 7")) { try ContainerPathTransformer.decode(from: &r) }
-        var r2 = ByteReader([1, 0x10, 0x01])   // 4097 claimed
+        var r2 = ByteReader([1, 0x10, 0x01])  // 4097 claimed
         expectError(DecodeError.tooLong(field: "path", length: 4097, limit: 4096)) { try ContainerPathTransformer.decode(from: &r2) }
         var r3 = ByteReader([1, 0x00, 0x05, 0x61])
         expectError(DecodeError.truncated) { try ContainerPathTransformer.decode(from: &r3) }

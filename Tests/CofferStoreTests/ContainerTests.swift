@@ -37,7 +37,12 @@ struct ContainerTests {
         _ = try file.seal([1, 2, 3], aad: [])
         keys.wipe()
         file.wipe()
-        func fails(_ body: () throws -> Any) -> Bool { do { _ = try body(); return false } catch { return true } }
+        func fails(_ body: () throws -> Any) -> Bool {
+            do {
+                _ = try body()
+                return false
+            } catch { return true }
+        }
         let metadataSeal = fails { try keys.metadata.seal([1, 2, 3], aad: []) }
         let fileSeal = fails { try file.seal([1, 2, 3], aad: []) }
         let metadataOpen = fails { try keys.metadata.open([UInt8](repeating: 0, count: 40), aad: []) }
@@ -138,11 +143,19 @@ struct ContainerTests {
             #expect(unlocked.keys.containerId == made.keys.containerId)
             // A replacement below the floor is refused and changes nothing.
             let before = fileBytes(made.root + "/" + ContainerHeader.fileName)
-            expectError(ContainerError.weakKDF(KDFChoice.scrypt(logN: 15, r: 8, p: 1).description)) { try c.replaceSlot(id: originalSlot, secret: secure("x"), kdf: .scrypt(logN: 15, r: 8, p: 1), keys: made.keys) }
-            expectError(ContainerError.slotNotFound("0000000000000000")) { try c.replaceSlot(id: "0000000000000000", secret: secure("x"), kdf: testKDF, keys: made.keys) }
+            expectError(ContainerError.weakKDF(KDFChoice.scrypt(logN: 15, r: 8, p: 1).description)) {
+                try c.replaceSlot(id: originalSlot, secret: secure("x"), kdf: .scrypt(logN: 15, r: 8, p: 1), keys: made.keys)
+            }
+            expectError(ContainerError.slotNotFound("0000000000000000")) {
+                try c.replaceSlot(id: "0000000000000000", secret: secure("x"), kdf: testKDF, keys: made.keys)
+            }
             #expect(fileBytes(made.root + "/" + ContainerHeader.fileName) == before)
             // addSlot refuses weak parameters too.
-            expectError(ContainerError.weakKDF(KDFChoice.argon2id(iterations: 1, memoryKiB: 65536, parallelism: 1).description)) { try c.addSlot(kind: .password, secret: secure("x"), kdf: .argon2id(iterations: 1, memoryKiB: 65536, parallelism: 1), label: nil, keys: made.keys) }
+            expectError(ContainerError.weakKDF(KDFChoice.argon2id(iterations: 1, memoryKiB: 65536, parallelism: 1).description)) {
+                try c.addSlot(
+                    kind: .password, secret: secure("x"), kdf: .argon2id(iterations: 1, memoryKiB: 65536, parallelism: 1), label: nil, keys: made.keys
+                )
+            }
         }
     }
 
@@ -170,7 +183,9 @@ struct ContainerTests {
             #expect(FileManager.default.fileExists(atPath: root + "/other"), "create must not touch a non-empty directory")
             var weak = fastOptions()
             weak.kdf = .scrypt(logN: 15, r: 8, p: 1)
-            expectError(ContainerError.weakKDF(KDFChoice.scrypt(logN: 15, r: 8, p: 1).description)) { _ = try Container.create(at: dir + "/weak", password: secure("p"), options: weak) }
+            expectError(ContainerError.weakKDF(KDFChoice.scrypt(logN: 15, r: 8, p: 1).description)) {
+                _ = try Container.create(at: dir + "/weak", password: secure("p"), options: weak)
+            }
             #expect(!FileManager.default.fileExists(atPath: dir + "/weak"))
             // An existing empty directory is fine.
             let empty = dir + "/empty"

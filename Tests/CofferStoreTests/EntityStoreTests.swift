@@ -19,17 +19,18 @@ struct EntityStoreTests {
             let rec = sampleInode(size: 99, contentId: 77, target: .relative(b("a/b")))
             try store.putInode(12345, rec)
             #expect(try store.inode(12345) == rec)
-            var changed = rec; changed.size = 100
+            var changed = rec
+            changed.size = 100
             try store.putInode(12345, changed)
             #expect(try store.inode(12345) == changed)
-            try store.putInode(UInt64.max, rec)   // the full 64-bit range maps onto SQLite's signed integers
+            try store.putInode(UInt64.max, rec)  // the full 64-bit range maps onto SQLite's signed integers
             #expect(try store.inode(UInt64.max) == rec)
             try store.deleteInode(12345)
             #expect(try store.inode(12345) == nil)
-            for _ in 0 ..< 50 {
+            for _ in 0..<50 {
                 let id = try store.newInodeId()
                 #expect(id > 1 && id <= UInt64(Int64.max))
-                #expect((try EntityStore.newContentId()) & 1 == 1)   // never 0
+                #expect((try EntityStore.newContentId()) & 1 == 1)  // never 0
             }
         }
     }
@@ -40,7 +41,7 @@ struct EntityStoreTests {
             defer { store.close() }
             #expect(try store.hasEntries(parent: 1) == false)
             #expect(try store.entries(parent: 1).isEmpty)
-            let names = (0 ..< 20).map { b("name-\($0)") } + [[UInt8](repeating: 0xE2, count: 255)]
+            let names = (0..<20).map { b("name-\($0)") } + [[UInt8](repeating: 0xE2, count: 255)]
             for (i, n) in names.enumerated() {
                 try store.putEntry(parent: 1, DirectoryEntryRecord(name: n, ino: UInt64(100 + i), type: 0o100000))
             }
@@ -60,7 +61,7 @@ struct EntityStoreTests {
             try store.deleteEntry(parent: 1, name: b("name-3"))
             #expect(try store.entry(parent: 1, name: b("name-3")) == nil)
             #expect(try store.entries(parent: 1).count == names.count - 1)
-            #expect(try store.counts().entries == names.count)   // 20 left in 1, plus one in 7
+            #expect(try store.counts().entries == names.count)  // 20 left in 1, plus one in 7
         }
     }
 
@@ -117,10 +118,10 @@ struct EntityStoreTests {
             defer { store.close() }
             let file = (try EntityStore.newContentId())
             let cipher = try store.contentCipher(contentId: file)
-            let plain: [[UInt8]] = [[UInt8](repeating: 1, count: 4096), (0 ..< 100).map { UInt8($0) }, []]
+            let plain: [[UInt8]] = [[UInt8](repeating: 1, count: 4096), (0..<100).map { UInt8($0) }, []]
             var sealed: [(index: UInt64, sealed: [UInt8])] = []
             for (i, p) in plain.enumerated() {
-                let index = UInt64(i) * 1000   // sparse indices
+                let index = UInt64(i) * 1000  // sparse indices
                 sealed.append((index, try cipher.seal(p, index: index)))
             }
             try store.putChunks(file: file, sealed)
@@ -133,9 +134,15 @@ struct EntityStoreTests {
                 #expect(Array(out.prefix(n)) == plain[i])
                 // Bound to its index and its file.
                 expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index + 1, into: $0) } }
-                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try ContentCipher(contentId: file ^ 2, aead: keys.fileCipher(contentId: file)).open(c.sealed, index: c.index, into: $0) } }
+                expectAuthFailure(.contentChunk) {
+                    _ = try out.withUnsafeMutableBytes {
+                        try ContentCipher(contentId: file ^ 2, aead: keys.fileCipher(contentId: file)).open(c.sealed, index: c.index, into: $0)
+                    }
+                }
                 let otherFileCipher = ContentCipher(contentId: file, aead: try keys.fileCipher(contentId: file ^ 2))
-                expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try otherFileCipher.open(c.sealed, index: c.index, into: $0) } }
+                expectAuthFailure(.contentChunk) {
+                    _ = try out.withUnsafeMutableBytes { try otherFileCipher.open(c.sealed, index: c.index, into: $0) }
+                }
             }
             // Range queries.
             #expect(try store.sealedChunks(file: file, first: 1, last: 1999).map(\.index) == [1000])
@@ -178,7 +185,9 @@ struct EntityStoreTests {
             #expect(try store.xattr(2, name: b("user.a")) == b("two"))
 
             #expect(try store.orphans().isEmpty)
-            try store.addOrphan(10); try store.addOrphan(10); try store.addOrphan(11)
+            try store.addOrphan(10)
+            try store.addOrphan(10)
+            try store.addOrphan(11)
             #expect(Set(try store.orphans()) == [10, 11])
             try store.removeOrphan(10)
             #expect(try store.orphans() == [11])
@@ -316,13 +325,13 @@ struct EntityStoreTests {
             #expect(walAfter == walBefore, "the first commit after the crash grew the WAL from \(walBefore) to \(walAfter) bytes")
             #expect(try recovered.inode(80)?.size == 32 * 65536)
             #expect(try recovered.inode(81)?.size == 1)
-            #expect(try recovered.chunkIndices(file: file) == (0 ..< 16).map { UInt64($0) })
+            #expect(try recovered.chunkIndices(file: file) == (0..<16).map { UInt64($0) })
             recovered.close()
             // Both commits are in the store when it is opened again.
             let reopened = try EntityStore.open(at: crash + "/store.db", keys: keys)
             defer { reopened.close() }
             #expect(try reopened.inode(81)?.size == 1)
-            #expect(try reopened.chunkIndices(file: file) == (0 ..< 16).map { UInt64($0) })
+            #expect(try reopened.chunkIndices(file: file) == (0..<16).map { UInt64($0) })
             let first = try #require(try reopened.sealedChunks(file: file, first: 0, last: 0).first)
             var plain = [UInt8](repeating: 0, count: 65536)
             let n = try plain.withUnsafeMutableBytes { try reopened.contentCipher(contentId: file).open(first.sealed, index: 0, into: $0) }
@@ -345,7 +354,7 @@ struct EntityStoreTests {
             var out = [UInt8](repeating: 0, count: 65536)
             // Enough passes that the mapped pool remaps at least three times.
             let passes = 3 * ChunkReaders.remapAfter / (Int(SQLiteBackend.mappedChunks) * 65536) + 1
-            for pass in 0 ..< passes {
+            for pass in 0..<passes {
                 var seen = 0
                 for first in stride(from: 0, to: count, by: 8) {
                     try store.forEachChunk(file: file, first: UInt64(first), last: UInt64(first + 7)) { index, sealed in
@@ -409,18 +418,21 @@ struct EntityStoreTests {
     @Test func openRefusesWhatIsNotAStore() throws {
         try withTempDir { dir in
             let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
-            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/missing.db", keys: keys) }) {} else {
+            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/missing.db", keys: keys) }) {
+            } else {
                 Issue.record("a missing store must be notAStore")
             }
             #expect(FileManager.default.createFile(atPath: dir + "/junk.db", contents: Data(repeating: 0x41, count: 8192)))
-            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/junk.db", keys: keys) }) {} else {
+            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/junk.db", keys: keys) }) {
+            } else {
                 Issue.record("a junk file must be notAStore")
             }
             // An SQLite database that is not ours.
             let q = try DatabaseQueue(path: dir + "/other.db")
             try q.write { db in try db.execute(sql: "CREATE TABLE t(x)") }
             try q.close()
-            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/other.db", keys: keys) }) {} else {
+            if case .notAStore? = storeError({ _ = try EntityStore.open(at: dir + "/other.db", keys: keys) }) {
+            } else {
                 Issue.record("a foreign SQLite database must be notAStore")
             }
         }

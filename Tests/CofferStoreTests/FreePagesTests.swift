@@ -11,7 +11,7 @@ struct FreePagesTests {
     func expectFile(_ store: EntityStore, _ keys: ContainerKeys, file: UInt64, count: Int, seed: UInt8) throws {
         let cipher = try store.contentCipher(contentId: file)
         let chunks = try store.sealedChunks(file: file, first: 0, last: UInt64(count))
-        #expect(chunks.map(\.index) == (0 ..< UInt64(count)).map { $0 })
+        #expect(chunks.map(\.index) == (0..<UInt64(count)).map { $0 })
         var out = [UInt8](repeating: 0, count: 65536)
         for c in chunks {
             let n = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) }
@@ -29,7 +29,7 @@ struct FreePagesTests {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
             let big = try EntityStore.newContentId(), kept = try EntityStore.newContentId()
-            try store.putTestChunks(file: big, count: 512, seed: 1, keys: keys)    // 32 MiB
+            try store.putTestChunks(file: big, count: 512, seed: 1, keys: keys)  // 32 MiB
             try store.putTestChunks(file: kept, count: 64, seed: 100, keys: keys)  // 4 MiB, after it in the file
             try store.commit()
             let before = try store.sqlite.pageCounts()
@@ -58,7 +58,7 @@ struct FreePagesTests {
 
             // The file itself is cut at the next checkpoint, and everything reads back after a reopen.
             store.close()
-            store.close()   // a second close does nothing
+            store.close()  // a second close does nothing
             #expect(try fileSize(path) < 14 << 20)
             let reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
@@ -73,7 +73,7 @@ struct FreePagesTests {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
             let file = try EntityStore.newContentId()
-            try store.putTestChunks(file: file, count: 64, seed: 7, keys: keys)   // 4 MiB: under the 8 MiB margin once freed
+            try store.putTestChunks(file: file, count: 64, seed: 7, keys: keys)  // 4 MiB: under the 8 MiB margin once freed
             try store.commit()
             _ = try store.deleteChunks(file: file)
             try store.commit()

@@ -11,7 +11,7 @@ struct HeaderTamperTests {
             let made = try makeContainer(in: dir)
             try editHeader(made.root) { h in
                 var chars = Array(h.mac)
-                chars[0] = chars[0] == "A" ? "B" : "A"   // still valid base64 of 32 bytes
+                chars[0] = chars[0] == "A" ? "B" : "A"  // still valid base64 of 32 bytes
                 h.mac = String(chars)
             }
             let opened = try Container.open(at: made.root)
@@ -45,7 +45,7 @@ struct HeaderTamperTests {
         try withTempDir { dir in
             let made = try makeContainer(in: dir)
             try editHeader(made.root) { $0.chunkSize = size }
-            let opened = try Container.open(at: made.root)   // structurally fine ...
+            let opened = try Container.open(at: made.root)  // structurally fine ...
             #expect(opened.header.chunkSize == size)
             expectError(ContainerError.headerTampered) { _ = try opened.unlock(passwordSecret(testPassword)) }  // ... but not authentic
         }
@@ -80,8 +80,12 @@ struct HeaderTamperTests {
             let made = try makeContainer(in: dir)
             try editHeader(made.root) { $0.version = 2 }
             expectError(ContainerError.unsupportedVersion(2)) { _ = try Container.open(at: made.root) }
-            try editHeader(made.root) { $0.version = 1; $0.format = "something-else" }
-            if case .headerDamaged? = containerError({ _ = try Container.open(at: made.root) }) {} else {
+            try editHeader(made.root) {
+                $0.version = 1
+                $0.format = "something-else"
+            }
+            if case .headerDamaged? = containerError({ _ = try Container.open(at: made.root) }) {
+            } else {
                 Issue.record("a foreign format name must be refused as a damaged header")
             }
         }
@@ -106,7 +110,9 @@ struct HeaderTamperTests {
                 let i = h.slots.firstIndex { $0.kind == .password }!
                 h.slots[i].kdf = KDFParameters(algorithm: "argon2id", salt: h.slots[i].kdf.salt, iterations: 1, memoryKiB: 8, parallelism: 1)
             }
-            expectError(ContainerError.weakKDF(KDFChoice.argon2id(iterations: 1, memoryKiB: 8, parallelism: 1).description)) { _ = try Container.open(at: made.root) }
+            expectError(ContainerError.weakKDF(KDFChoice.argon2id(iterations: 1, memoryKiB: 8, parallelism: 1).description)) {
+                _ = try Container.open(at: made.root)
+            }
         }
     }
 
@@ -115,7 +121,7 @@ struct HeaderTamperTests {
             let made = try makeContainer(in: dir)
             try editHeader(made.root) { h in
                 let i = h.slots.firstIndex { $0.kind == .password }!
-                h.slots[i].kdf.r = 9   // still above the floor, but a different KEK
+                h.slots[i].kdf.r = 9  // still above the floor, but a different KEK
             }
             let opened = try Container.open(at: made.root)
             expectError(ContainerError.wrongSecret) { _ = try opened.unlock(passwordSecret(testPassword)) }
@@ -151,7 +157,9 @@ struct HeaderTamperTests {
                 let i = h.slots.firstIndex { $0.kind == .password }!
                 h.slots[i].kind = .keyfile
             }
-            expectError(ContainerError.wrongSecret) { _ = try Container.open(at: made.root).unlock(Secret(kind: .keyFile, bytes: secure(testPassword))) }
+            expectError(ContainerError.wrongSecret) {
+                _ = try Container.open(at: made.root).unlock(Secret(kind: .keyFile, bytes: secure(testPassword)))
+            }
             // Short salt.
             try editHeader(made.root) { h in
                 h = original
@@ -168,7 +176,7 @@ struct HeaderTamperTests {
     @Test func slotCopiedFromAnotherContainer() throws {
         try withTempDir { dir in
             let a = try makeContainer(in: dir, name: "a")
-            let b = try makeContainer(in: dir, name: "b")   // same password
+            let b = try makeContainer(in: dir, name: "b")  // same password
             let bSlot = try required(b.container.header.slots.first(where: { $0.kind == .password }))
             let aOriginal = try readHeader(a.root)
 
@@ -202,7 +210,8 @@ struct HeaderTamperTests {
             let made = try makeContainer(in: dir)
             try editHeader(made.root) { $0.store = "../elsewhere/store.db" }
             let opened = try Container.open(at: made.root)
-            if case .headerDamaged? = containerError({ _ = try opened.storePath() }) {} else {
+            if case .headerDamaged? = containerError({ _ = try opened.storePath() }) {
+            } else {
                 Issue.record("a store path escaping the container must be refused")
             }
             expectError(ContainerError.headerTampered) { _ = try opened.unlock(passwordSecret(testPassword)) }
@@ -216,11 +225,12 @@ struct HeaderTamperTests {
             let original = fileBytes(path)
             let garbage: [[UInt8]] = [
                 [], b("{"), b("null"), b("[]"), b("{}"), [0xFF, 0xFE, 0x00], b("{\"format\": 1}"),
-                Array(original.prefix(original.count / 2)),
+                Array(original.prefix(original.count / 2))
             ]
             for g in garbage {
                 try Data(g).write(to: URL(fileURLWithPath: path))
-                if case .headerDamaged? = containerError({ _ = try Container.open(at: made.root) }) {} else {
+                if case .headerDamaged? = containerError({ _ = try Container.open(at: made.root) }) {
+                } else {
                     Issue.record("garbage header \(String(decoding: g, as: UTF8.self).prefix(40)) was not refused as damaged")
                 }
             }

@@ -10,14 +10,21 @@ struct PostgresContainerTests {
     @Test func locationsParse() throws {
         #expect(try ContainerLocation.parse("/srv/vault") == .directory("/srv/vault"))
         #expect(try ContainerLocation.parse("postgres.dir") == .directory("postgres.dir"))
-        guard case .postgres(let p) = try ContainerLocation.parse("postgresql://alice:s3cret@db.example:5433/docs?sslmode=verify-full&container=team_a&passfile=/p") else {
-            Issue.record("not a PostgreSQL location"); return
+        guard
+            case .postgres(let p) = try ContainerLocation.parse(
+                "postgresql://alice:s3cret@db.example:5433/docs?sslmode=verify-full&container=team_a&passfile=/p")
+        else {
+            Issue.record("not a PostgreSQL location")
+            return
         }
         #expect(p.container == "team_a")
         #expect(p.conninfo == "postgresql://alice:s3cret@db.example:5433/docs?sslmode=verify-full&passfile=/p", "every other libpq parameter is kept")
         #expect(p.display == "postgresql://alice@db.example:5433/docs?container=team_a")
         #expect(!"\(ContainerLocation.postgres(p))".contains("s3cret"))
-        guard case .postgres(let d) = try ContainerLocation.parse("postgres:///docs") else { Issue.record("postgres:// is a URI too"); return }
+        guard case .postgres(let d) = try ContainerLocation.parse("postgres:///docs") else {
+            Issue.record("postgres:// is a URI too")
+            return
+        }
         #expect(d.container == "coffer" && d.conninfo == "postgres:///docs")
         #expect(try PostgresLocation(uri: "postgresql://h/db?container=My_Box2").container == "My_Box2")
         for bad in ["a-b", "1abc", "pg_catalog", "x\"y", "", String(repeating: "a", count: 64), "a%20b"] {
@@ -34,7 +41,9 @@ struct PostgresContainerTests {
         let store = try made.container.openStore(keys: made.keys)
         try store.putInode(5, sampleInode(size: 5))
         store.close()
-        #expect(containerError { _ = try Container.create(location, password: secure("x"), options: fastOptions()) } == .alreadyExists(location.description))
+        #expect(
+            containerError { _ = try Container.create(location, password: secure("x"), options: fastOptions()) }
+                == .alreadyExists(location.description))
 
         let opened = try Container.open(location)
         #expect(opened.header == made.container.header)
@@ -58,7 +67,8 @@ struct PostgresContainerTests {
         let p = try TestPostgres.freshLocation()
         _ = try Container.create(.postgres(p), password: secure(testPassword), options: fastOptions(recovery: false))
         let q = PostgresIdentifier.quoted(p.container)
-        try TestPostgres.cluster().psql("""
+        try TestPostgres.cluster().psql(
+            """
             UPDATE \(q).header SET value = convert_to(replace(convert_from(value, 'UTF8'), '"chunkSize" : 65536', '"chunkSize" : 4096'), 'UTF8')
             """)
         let edited = try Container.open(.postgres(p))
@@ -69,12 +79,14 @@ struct PostgresContainerTests {
     @Test func missingContainersAndServersAreClearErrors() throws {
         let p = try TestPostgres.freshLocation()
         guard case .unreadable(let shown, let why)? = containerError({ _ = try Container.open(.postgres(p)) }) else {
-            Issue.record("a missing schema must be unreadable"); return
+            Issue.record("a missing schema must be unreadable")
+            return
         }
         #expect(shown == p.display && why.contains(p.container))
         let nowhere = try PostgresLocation(uri: "postgresql://nobody:hunter2secret@127.0.0.1:1/db?connect_timeout=2")
         guard case .unreadable(_, let message)? = containerError({ _ = try Container.open(.postgres(nowhere)) }) else {
-            Issue.record("no server must be unreadable"); return
+            Issue.record("no server must be unreadable")
+            return
         }
         #expect(!message.contains("hunter2secret"), "\(message)")
         if case .notAStore? = storeError({ _ = try PostgresBackend.open(p) }) {} else { Issue.record("a missing schema is notAStore") }
@@ -89,9 +101,11 @@ struct PostgresContainerTests {
         func uri(_ role: String) -> String {
             "postgresql:///\(cluster.database)?host=\(cluster.socketDirectory)&port=\(cluster.port)&user=\(role)&container=\(name)"
         }
-        let made = try Container.create(try ContainerLocation.parse(uri(owner)), password: secure(testPassword), options: fastOptions(recovery: false))
-        try cluster.psql("GRANT CONNECT ON DATABASE \(cluster.database) TO \(user); GRANT USAGE ON SCHEMA \(name) TO \(user); "
-                         + "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \(name) TO \(user)")
+        let made = try Container.create(
+            try ContainerLocation.parse(uri(owner)), password: secure(testPassword), options: fastOptions(recovery: false))
+        try cluster.psql(
+            "GRANT CONNECT ON DATABASE \(cluster.database) TO \(user); GRANT USAGE ON SCHEMA \(name) TO \(user); "
+                + "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \(name) TO \(user)")
         let theirs = try Container.open(try ContainerLocation.parse(uri(user)))
         let (keys, _) = try theirs.unlock(passwordSecret(testPassword))
         let store = try theirs.openStore(keys: keys)

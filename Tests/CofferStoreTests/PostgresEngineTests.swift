@@ -15,7 +15,7 @@ struct PostgresEngineTests {
         try withTempDir { dir in
             let (store, _, _) = try makeStore(engine, in: dir)
             defer { store.close() }
-            for i in 0 ..< 50 { try store.putEntry(parent: 1, DirectoryEntryRecord(name: b("n\(i)"), ino: UInt64(100 + i), type: 0o100000)) }
+            for i in 0..<50 { try store.putEntry(parent: 1, DirectoryEntryRecord(name: b("n\(i)"), ino: UInt64(100 + i), type: 0o100000)) }
             let all = try store.entryPage(parent: 1, from: [], limit: -1)
             #expect(all.count == 50)
             #expect(zip(all, all.dropFirst()).allSatisfy { $0.tag.lexicographicallyPrecedes($1.tag) }, "tags in bytewise order")
@@ -25,7 +25,7 @@ struct PostgresEngineTests {
                 let page = try store.entryPage(parent: 1, from: from, limit: 7)
                 guard let last = page.last else { break }
                 paged += page.map(\.tag)
-                from = last.tag + [0]   // the smallest tag after it
+                from = last.tag + [0]  // the smallest tag after it
             }
             #expect(paged == all.map(\.tag))
             #expect(all.allSatisfy { $0.record != nil })
@@ -38,10 +38,11 @@ struct PostgresEngineTests {
             defer { store.close() }
             let file = try EntityStore.newContentId()
             let cipher = try store.contentCipher(contentId: file)
-            let chunks = try (0 ..< 150).map { i in (index: UInt64(i), sealed: try cipher.seal([UInt8(i)], index: UInt64(i))) }
+            let chunks = try (0..<150).map { i in (index: UInt64(i), sealed: try cipher.seal([UInt8(i)], index: UInt64(i))) }
             try store.putChunks(file: file, chunks)
             for committed in [false, true] {
-                #expect(try store.sealedChunks(file: file, first: 0, last: 149).map(\.index) == (0 ..< 150).map { UInt64($0) }, "committed: \(committed)")
+                #expect(
+                    try store.sealedChunks(file: file, first: 0, last: 149).map(\.index) == (0..<150).map { UInt64($0) }, "committed: \(committed)")
                 #expect(try store.sealedChunks(file: file, first: 10, last: 140).count == 131)
                 #expect(try store.sealedChunks(file: file, first: 149, last: UInt64(Int64.max)).map(\.sealed) == [chunks[149].sealed])
                 try store.commit()
@@ -107,7 +108,8 @@ struct PostgresEngineTests {
         let rollbacks = Mutex(0)
         store.onRollback = { _ in rollbacks.withLock { $0 += 1 } }
         try store.putInode(40, sampleInode(size: 40))
-        let killed = try TestPostgres.cluster().psql("""
+        let killed = try TestPostgres.cluster().psql(
+            """
             SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
             WHERE state LIKE 'idle in transaction%' AND query LIKE '%"\(location.container)"%'
             """)

@@ -70,7 +70,7 @@ struct PostgresTamperTests {
         var current = ChunkMapPageRef(page: 0, version: 0)
         let v = try victim { s in
             let cipher = try s.contentCipher(contentId: file)
-            try s.putChunks(file: file, try (0 ..< 2).map { i in (UInt64(i), try cipher.seal([UInt8(i)], index: UInt64(i))) })
+            try s.putChunks(file: file, try (0..<2).map { i in (UInt64(i), try cipher.seal([UInt8(i)], index: UInt64(i))) })
             _ = try s.writeChunkMapPage(file: file, page: 0, tags: [ChunkTag(high: 1, low: 1)])
             try s.commit()
         }

@@ -25,7 +25,7 @@ struct StoreTamperTests {
             var (store, keys, path) = try makeStore(in: dir)
             try store.putInode(100, sampleInode(size: 5))
             store.close()
-            for position in [0, 11, 30, -1] {   // nonce, ciphertext, tag
+            for position in [0, 11, 30, -1] {  // nonce, ciphertext, tag
                 try tamper(path) { db in
                     var v = try blob(db, "SELECT value FROM inodes WHERE id = 100")
                     v[position < 0 ? v.count + position : position] ^= 0x01
@@ -90,7 +90,7 @@ struct StoreTamperTests {
             let f1 = try EntityStore.newContentId(), f2 = try EntityStore.newContentId()
             let c1 = try store.contentCipher(contentId: f1), c2 = try store.contentCipher(contentId: f2)
             for (f, c) in [(f1, c1), (f2, c2)] {
-                for i: UInt64 in 0 ... 1 {
+                for i: UInt64 in 0...1 {
                     let p = [UInt8](repeating: UInt8(i), count: 64)
                     try store.putChunk(file: f, index: i, sealed: try c.seal(p, index: i))
                 }
@@ -100,8 +100,10 @@ struct StoreTamperTests {
                 try tamper(path) { db in
                     let va = try blob(db, "SELECT value FROM chunks WHERE file = ? AND idx = ?", [Int64(bitPattern: a.0), Int64(a.1)])
                     let vc = try blob(db, "SELECT value FROM chunks WHERE file = ? AND idx = ?", [Int64(bitPattern: c.0), Int64(c.1)])
-                    try db.execute(sql: "UPDATE chunks SET value = ? WHERE file = ? AND idx = ?", arguments: [Data(vc), Int64(bitPattern: a.0), Int64(a.1)])
-                    try db.execute(sql: "UPDATE chunks SET value = ? WHERE file = ? AND idx = ?", arguments: [Data(va), Int64(bitPattern: c.0), Int64(c.1)])
+                    try db.execute(
+                        sql: "UPDATE chunks SET value = ? WHERE file = ? AND idx = ?", arguments: [Data(vc), Int64(bitPattern: a.0), Int64(a.1)])
+                    try db.execute(
+                        sql: "UPDATE chunks SET value = ? WHERE file = ? AND idx = ?", arguments: [Data(va), Int64(bitPattern: c.0), Int64(c.1)])
                 }
             }
             func check(_ f: UInt64, _ cipher: ContentCipher, _ s: EntityStore, expectBad: Set<UInt64>) throws {
@@ -121,7 +123,7 @@ struct StoreTamperTests {
             try check(f1, c1, s, expectBad: [0, 1])
             try check(f2, c2, s, expectBad: [])
             s.close()
-            try swap((f1, 0), (f1, 1))   // undo
+            try swap((f1, 0), (f1, 1))  // undo
             // Across files, same position.
             try swap((f1, 1), (f2, 1))
             s = try EntityStore.open(at: path, keys: keys)
@@ -138,7 +140,7 @@ struct StoreTamperTests {
             let (store, keys, path) = try makeStore(in: dir)
             let f = try EntityStore.newContentId()
             let c = try store.contentCipher(contentId: f)
-            for i: UInt64 in 0 ... 2 {
+            for i: UInt64 in 0...2 {
                 try store.putChunk(file: f, index: i, sealed: try c.seal([UInt8](repeating: 1, count: 10), index: i))
             }
             store.close()
@@ -181,7 +183,8 @@ struct StoreTamperTests {
             let ta = store.nameTag(1, b("a")), tb = store.nameTag(1, b("b"))
             store.close()
             try tamper(path) { db in
-                let va = try blob(db, "SELECT value FROM dirents WHERE tag = ?", [Data(ta)]), vb = try blob(db, "SELECT value FROM dirents WHERE tag = ?", [Data(tb)])
+                let va = try blob(db, "SELECT value FROM dirents WHERE tag = ?", [Data(ta)]),
+                    vb = try blob(db, "SELECT value FROM dirents WHERE tag = ?", [Data(tb)])
                 try db.execute(sql: "UPDATE dirents SET value = ? WHERE tag = ?", arguments: [Data(vb), Data(ta)])
                 try db.execute(sql: "UPDATE dirents SET value = ? WHERE tag = ?", arguments: [Data(va), Data(tb)])
             }
@@ -204,7 +207,8 @@ struct StoreTamperTests {
             let ta = store.xattrTag(1, b("user.a")), tb = store.xattrTag(1, b("user.b"))
             store.close()
             try tamper(path) { db in
-                let va = try blob(db, "SELECT value FROM xattrs WHERE tag = ?", [Data(ta)]), vb = try blob(db, "SELECT value FROM xattrs WHERE tag = ?", [Data(tb)])
+                let va = try blob(db, "SELECT value FROM xattrs WHERE tag = ?", [Data(ta)]),
+                    vb = try blob(db, "SELECT value FROM xattrs WHERE tag = ?", [Data(tb)])
                 try db.execute(sql: "UPDATE xattrs SET value = ? WHERE tag = ?", arguments: [Data(vb), Data(ta)])
                 try db.execute(sql: "UPDATE xattrs SET value = ? WHERE tag = ?", arguments: [Data(va), Data(tb)])
             }
@@ -220,7 +224,9 @@ struct StoreTamperTests {
             let (store, keys, path) = try makeStore(in: dir)
             store.close()
             try tamper(path) { db in try db.execute(sql: "UPDATE coffer_kinds SET transformer = 'coffer.inode.v0-plaintext' WHERE name = 'inode'") }
-            expectError(StoreError.unknownTransformer(kind: "inode", transformer: "coffer.inode.v0-plaintext")) { _ = try EntityStore.open(at: path, keys: keys) }
+            expectError(StoreError.unknownTransformer(kind: "inode", transformer: "coffer.inode.v0-plaintext")) {
+                _ = try EntityStore.open(at: path, keys: keys)
+            }
         }
     }
 
@@ -250,7 +256,9 @@ struct StoreTamperTests {
             partial.register(DirectoryEntryTransformer.self)
             partial.register(ExtendedAttributeTransformer.self)
             partial.register(StoreStateTransformer.self)
-            expectError(StoreError.unknownTransformer(kind: "chunk", transformer: "coffer.chunk.v1")) { _ = try EntityStore.open(at: path, keys: keys, registry: partial) }
+            expectError(StoreError.unknownTransformer(kind: "chunk", transformer: "coffer.chunk.v1")) {
+                _ = try EntityStore.open(at: path, keys: keys, registry: partial)
+            }
         }
     }
 
@@ -258,11 +266,14 @@ struct StoreTamperTests {
         try withTempDir { dir in
             let (a, keysA, pathA) = try makeStore(in: dir, name: "a.db")
             let (c, keysC, pathC) = try makeStore(in: dir, name: "c.db")
-            a.close(); c.close()
+            a.close()
+            c.close()
             // Replaced wholesale.
             expectError(StoreError.wrongContainer) { _ = try EntityStore.open(at: pathC, keys: keysA) }
             // Only the container id rewritten: the sealed state is still another container's.
-            try tamper(pathC) { db in try db.execute(sql: "UPDATE coffer_meta SET value = ? WHERE name = 'container'", arguments: [Data(keysA.containerId)]) }
+            try tamper(pathC) { db in
+                try db.execute(sql: "UPDATE coffer_meta SET value = ? WHERE name = 'container'", arguments: [Data(keysA.containerId)])
+            }
             expectAuthFailure(.storeState) { _ = try EntityStore.open(at: pathC, keys: keysA) }
             // A flipped state value.
             try tamper(pathA) { db in

@@ -39,8 +39,10 @@ struct MadeContainer {
     let recoveryKey: String?
 }
 
-func makeContainer(in dir: String, name: String = "vault", password: String = testPassword,
-                   recovery: Bool = true, chunkSize: Int = 65536) throws -> MadeContainer {
+func makeContainer(
+    in dir: String, name: String = "vault", password: String = testPassword,
+    recovery: Bool = true, chunkSize: Int = 65536
+) throws -> MadeContainer {
     let root = dir + "/" + name
     let made = try Container.create(at: root, password: secure(password), options: fastOptions(recovery: recovery, chunkSize: chunkSize))
     return MadeContainer(root: root, container: made.container, keys: made.keys, recoveryKey: made.recoveryKey)
@@ -68,7 +70,10 @@ func readHeader(_ root: String) throws -> ContainerHeader {
 
 /// Runs `body` and returns the ContainerError it threw (nil if none; any other error is recorded).
 func containerError(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void) -> ContainerError? {
-    do { try body(); return nil } catch let e as ContainerError { return e } catch {
+    do {
+        try body()
+        return nil
+    } catch let e as ContainerError { return e } catch {
         Issue.record("expected a ContainerError, got \(error)", sourceLocation: sourceLocation)
         return nil
     }
@@ -76,7 +81,10 @@ func containerError(sourceLocation: SourceLocation = #_sourceLocation, _ body: (
 
 /// Runs `body` and returns the StoreError it threw (nil if none; any other error is recorded).
 func storeError(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void) -> StoreError? {
-    do { try body(); return nil } catch let e as StoreError { return e } catch {
+    do {
+        try body()
+        return nil
+    } catch let e as StoreError { return e } catch {
         Issue.record("expected a StoreError, got \(error)", sourceLocation: sourceLocation)
         return nil
     }
@@ -102,7 +110,7 @@ extension EntityStore {
     /// Puts (uncommitted) `count` sealed 64 KiB chunks of `file`, chunk i filled with `seed &+ i`.
     func putTestChunks(file: UInt64, count: Int, seed: UInt8, keys: ContainerKeys) throws {
         let cipher = try contentCipher(contentId: file)
-        for i in 0 ..< count {
+        for i in 0..<count {
             let plain = [UInt8](repeating: seed &+ UInt8(i & 0xFF), count: 65536)
             try putChunk(file: file, index: UInt64(i), sealed: try cipher.seal(plain, index: UInt64(i)))
         }
@@ -111,26 +119,30 @@ extension EntityStore {
 
 func sampleInode(size: UInt64 = 0, contentId: UInt64 = 0, mode: UInt32 = 0o100644, target: StoredPath? = nil) -> InodeRecord {
     let t = StoredTime(seconds: 1_700_000_000, nanoseconds: 123_456_789)
-    return InodeRecord(mode: mode, uid: 1000, gid: 1000, nlink: 1, size: size, rdev: 0, atime: t, mtime: t, ctime: t,
-                       contentId: contentId, symlinkTarget: target)
+    return InodeRecord(
+        mode: mode, uid: 1000, gid: 1000, nlink: 1, size: size, rdev: 0, atime: t, mtime: t, ctime: t,
+        contentId: contentId, symlinkTarget: target)
 }
 
 // MARK: Error expectations (the shared ones are in CofferTestSupport)
 
-func expectAuthFailure<T>(_ kind: EntityKind, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
-                          _ body: () throws -> T) {
+func expectAuthFailure<T>(
+    _ kind: EntityKind, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () throws -> T
+) {
     do {
         _ = try body()
-        Issue.record("expected an authentication failure of a \(kind), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+        Issue.record(
+            "expected an authentication failure of a \(kind), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
     } catch let e as StoreError {
         if e.authenticationFailureKind != kind {
-            Issue.record("expected an authentication failure of a \(kind), got \(e)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
+            Issue.record(
+                "expected an authentication failure of a \(kind), got \(e)\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
         }
     } catch {
         Issue.record("expected a StoreError, got \(error)", sourceLocation: sourceLocation)
     }
 }
-
 
 /// A test store on `engine` (random keys), and what opens it again.
 func makeStore(_ engine: StoreEngine, in dir: String) throws -> (store: EntityStore, keys: ContainerKeys, made: TestStore) {

@@ -60,13 +60,23 @@ public enum FormatFixture {
         public var xattrs: [String: String]?
         public var sha256: String?
 
-        public init(path: String, type: String, mode: UInt32, uid: UInt32, gid: UInt32, size: UInt64?, blocks: UInt64?,
-                    nlink: UInt64, mtime: (seconds: Int64, nanoseconds: Int64), target: String? = nil,
-                    xattrs: [String: String]? = nil, sha256: String? = nil) {
-            self.path = path; self.type = type; self.mode = String(format: "%04o", mode & 0o7777)
-            self.uid = uid; self.gid = gid; self.size = size; self.blocks = blocks; self.nlink = nlink
+        public init(
+            path: String, type: String, mode: UInt32, uid: UInt32, gid: UInt32, size: UInt64?, blocks: UInt64?,
+            nlink: UInt64, mtime: (seconds: Int64, nanoseconds: Int64), target: String? = nil,
+            xattrs: [String: String]? = nil, sha256: String? = nil
+        ) {
+            self.path = path
+            self.type = type
+            self.mode = String(format: "%04o", mode & 0o7777)
+            self.uid = uid
+            self.gid = gid
+            self.size = size
+            self.blocks = blocks
+            self.nlink = nlink
             self.mtime = String(format: "%lld.%09lld", mtime.seconds, mtime.nanoseconds)
-            self.target = target; self.xattrs = xattrs; self.sha256 = sha256
+            self.target = target
+            self.xattrs = xattrs
+            self.sha256 = sha256
         }
     }
 

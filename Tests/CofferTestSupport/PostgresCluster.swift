@@ -19,7 +19,9 @@ public final class PostgresCluster: @unchecked Sendable {
     /// `serverBin`: where initdb and pg_ctl are (default: the newest /usr/lib/postgresql/N/bin).
     public init(settings: [String] = [], serverBin: String? = nil) throws {
         guard let bin = serverBin ?? Self.serverBin(), FileManager.default.isExecutableFile(atPath: bin + "/initdb") else {
-            throw TestFailure("PostgreSQL is not installed (no \(serverBin ?? "/usr/lib/postgresql/*/bin")/initdb): these tests need a real server; `make test` installs Debian's postgresql (apt-get install postgresql)")
+            throw TestFailure(
+                "PostgreSQL is not installed (no \(serverBin ?? "/usr/lib/postgresql/*/bin")/initdb): these tests need a real server; `make test` installs Debian's postgresql (apt-get install postgresql)"
+            )
         }
         self.bin = bin
         var template = Array("/tmp/coffer-pg-XXXXXX".utf8CString)
@@ -28,10 +30,17 @@ public final class PostgresCluster: @unchecked Sendable {
         port = Self.freePort()
         do {
             if getuid() == 0 { _ = try Self.run("/bin/chown", ["postgres:postgres", root]) }
-            try runAsPostgres("initdb", ["-D", dataDirectory, "-U", "postgres", "--auth-local=trust",
-                                         "--auth-host=scram-sha-256", "--no-sync", "-E", "UTF8", "--locale=C"])
-            let conf = (["port = \(port)", "unix_socket_directories = '\(socketDirectory)'",
-                         "listen_addresses = '127.0.0.1'"] + settings).joined(separator: "\n") + "\n"
+            try runAsPostgres(
+                "initdb",
+                [
+                    "-D", dataDirectory, "-U", "postgres", "--auth-local=trust",
+                    "--auth-host=scram-sha-256", "--no-sync", "-E", "UTF8", "--locale=C"
+                ])
+            let conf =
+                ([
+                    "port = \(port)", "unix_socket_directories = '\(socketDirectory)'",
+                    "listen_addresses = '127.0.0.1'"
+                ] + settings).joined(separator: "\n") + "\n"
             let confFile = dataDirectory + "/postgresql.auto.conf"
             try (try String(contentsOfFile: confFile, encoding: .utf8) + conf).write(toFile: confFile, atomically: false, encoding: .utf8)
             try start()
@@ -72,14 +81,23 @@ public final class PostgresCluster: @unchecked Sendable {
     /// Runs SQL through psql as the superuser over the socket; returns its unaligned output.
     @discardableResult
     public func psql(_ sql: String) throws -> String {
-        try runAsPostgres("psql", ["-h", socketDirectory, "-p", String(port), "-U", "postgres", "-d", database,
-                                   "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        try runAsPostgres(
+            "psql",
+            [
+                "-h", socketDirectory, "-p", String(port), "-U", "postgres", "-d", database,
+                "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql
+            ])
     }
 
     /// Stops the server (immediately: its data is thrown away) and removes the directory.
     public func destroy() {
         if isRunning { try? stop(mode: "immediate") }
-        if watchdog > 0 { kill(watchdog, SIGKILL); var st: Int32 = 0; waitpid(watchdog, &st, 0); watchdog = 0 }
+        if watchdog > 0 {
+            kill(watchdog, SIGKILL)
+            var st: Int32 = 0
+            waitpid(watchdog, &st, 0)
+            watchdog = 0
+        }
         try? FileManager.default.removeItem(atPath: root)
     }
 
@@ -90,7 +108,8 @@ public final class PostgresCluster: @unchecked Sendable {
 
     /// A shell that outlives a crashed test process just long enough to stop its server.
     private func watch() {
-        let script = "while kill -0 \(getpid()) 2>/dev/null; do sleep 1; done; "
+        let script =
+            "while kill -0 \(getpid()) 2>/dev/null; do sleep 1; done; "
             + (getuid() == 0 ? "runuser -u postgres -- " : "") + "\(bin)/pg_ctl -D \(dataDirectory) -m immediate stop; rm -rf \(root)"
         watchdog = (try? Self.spawn("/bin/sh", ["-c", script], output: "/dev/null")) ?? 0
     }
@@ -118,7 +137,7 @@ public final class PostgresCluster: @unchecked Sendable {
         let ok = withUnsafeMutablePointer(to: &addr) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
         }
-        return ok ? Int(UInt16(bigEndian: addr.sin_port)) : Int.random(in: 20000 ..< 30000)
+        return ok ? Int(UInt16(bigEndian: addr.sin_port)) : Int.random(in: 20000..<30000)
     }
 
     /// Runs a command to its end; its output (stdout and stderr) is returned, or thrown with a failure.

@@ -14,8 +14,10 @@ public struct TestFailure: Error, CustomStringConvertible {
     public init(_ d: String) { description = d }
 }
 
-public func expectError<E: Error & Equatable, T>(_ expected: E, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
-                                                 _ body: () throws -> T) {
+public func expectError<E: Error & Equatable, T>(
+    _ expected: E, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () throws -> T
+) {
     do {
         _ = try body()
         Issue.record("expected \(expected), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
@@ -26,8 +28,10 @@ public func expectError<E: Error & Equatable, T>(_ expected: E, _ comment: Comme
     }
 }
 
-public func expectSomeError<E: Error, T>(_ type: E.Type, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
-                                         _ body: () throws -> T) {
+public func expectSomeError<E: Error, T>(
+    _ type: E.Type, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () throws -> T
+) {
     do {
         _ = try body()
         Issue.record("expected a \(E.self), nothing was thrown\(comment.map { " (\($0))" } ?? "")", sourceLocation: sourceLocation)
@@ -62,7 +66,11 @@ public struct SplitMix64: RandomNumberGenerator {
         var i = 0
         while i < n {
             var v = next()
-            for _ in 0 ..< 8 where i < n { out[i] = UInt8(truncatingIfNeeded: v); v >>= 8; i += 1 }
+            for _ in 0..<8 where i < n {
+                out[i] = UInt8(truncatingIfNeeded: v)
+                v >>= 8
+                i += 1
+            }
         }
         return out
     }

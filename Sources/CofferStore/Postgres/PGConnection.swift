@@ -8,7 +8,9 @@ public struct PGStatement: Sendable {
     /// Parsed and planned once per connection (see `PGConnection.execute(_:_:prepared:)`).
     public var prepared: Bool
     public init(_ sql: String, _ params: [PGValue] = [], prepared: Bool = false) {
-        self.sql = sql; self.params = params; self.prepared = prepared
+        self.sql = sql
+        self.params = params
+        self.prepared = prepared
     }
 }
 
@@ -46,7 +48,7 @@ public final class PGConnection: @unchecked Sendable {
         defer { (kw + vs).forEach { free($0) } }
         let c = (kw.map { UnsafePointer($0) } + [nil]).withUnsafeBufferPointer { k in
             (vs.map { UnsafePointer($0) } + [nil]).withUnsafeBufferPointer { v in
-                PQconnectdbParams(k.baseAddress, v.baseAddress, 1)   // 1: expand "dbname" as a URI/conninfo
+                PQconnectdbParams(k.baseAddress, v.baseAddress, 1)  // 1: expand "dbname" as a URI/conninfo
             }
         }
         guard let c else { throw PGError(.connection, "out of memory") }
@@ -55,7 +57,7 @@ public final class PGConnection: @unchecked Sendable {
             PQfinish(c)
             throw PGError(.connection, message)
         }
-        PQsetNoticeProcessor(c, { _, _ in }, nil)   // NOTICEs would go to the daemon's stderr
+        PQsetNoticeProcessor(c, { _, _ in }, nil)  // NOTICEs would go to the daemon's stderr
         handle = c
     }
 
@@ -86,11 +88,11 @@ public final class PGConnection: @unchecked Sendable {
     /// while the socket is readable; libpq notices the end of file on the read after the message.
     public var isAlive: Bool {
         guard let c = handle, !poisoned, PQstatus(c) == CONNECTION_OK else { return false }
-        for _ in 0 ..< 8 {
+        for _ in 0..<8 {
             var p = pollfd(fd: PQsocket(c), events: Int16(POLLIN), revents: 0)
             guard poll(&p, 1, 0) == 1 else { break }
             guard PQconsumeInput(c) == 1, PQstatus(c) == CONNECTION_OK else { return false }
-            _ = PQisBusy(c)   // parses what came (notices), so the buffer does not grow
+            _ = PQisBusy(c)  // parses what came (notices), so the buffer does not grow
         }
         return PQstatus(c) == CONNECTION_OK
     }
@@ -182,16 +184,18 @@ public final class PGConnection: @unchecked Sendable {
         guard PQpipelineStatus(c) == PQ_PIPELINE_OFF else { throw PGError(.usage, "a pipeline is already running") }
         for s in statements {
             try PGParameterArrays.validate(s.params)
-            if s.prepared { _ = try prepare(s.sql, try PGParameterArrays(s.params), c) }   // before the batch: once per session
+            if s.prepared { _ = try prepare(s.sql, try PGParameterArrays(s.params), c) }  // before the batch: once per session
         }
         guard PQenterPipelineMode(c) == 1 else { throw connectionError(c) }
         // In blocking mode libpq reads pending answers while a send would block, so a large batch
         // cannot deadlock against a server waiting for us to read.
-        for s in statements {   // libpq copies each statement into its buffer: one value copy alive at a time
+        for s in statements {  // libpq copies each statement into its buffer: one value copy alive at a time
             guard let p = try? PGParameterArrays(s.params) else { throw abandon(c) }
             let name = s.prepared ? preparedNames[Self.key(s.sql, p.types)] : nil
-            let sent = if let name { p.withPointers { PQsendQueryPrepared(c, name, $0, $2, $3, $4, 1) } }
-                       else { p.withPointers { PQsendQueryParams(c, s.sql, $0, $1, $2, $3, $4, 1) } }
+            let sent =
+                if let name { p.withPointers { PQsendQueryPrepared(c, name, $0, $2, $3, $4, 1) } } else {
+                    p.withPointers { PQsendQueryParams(c, s.sql, $0, $1, $2, $3, $4, 1) }
+                }
             guard sent == 1 else { throw abandon(c) }
         }
         guard PQpipelineSync(c) == 1 else { throw abandon(c) }
@@ -199,12 +203,15 @@ public final class PGConnection: @unchecked Sendable {
         var firstError: PGError?
         for _ in statements {
             guard let r = PQgetResult(c) else { throw abandon(c) }
-            if PQresultStatus(r) == PGRES_PIPELINE_SYNC { PQclear(r); throw abandon(c, "the server ended the batch early") }
+            if PQresultStatus(r) == PGRES_PIPELINE_SYNC {
+                PQclear(r)
+                throw abandon(c, "the server ended the batch early")
+            }
             do { results.append(try check(r, c)) } catch {
                 if error.kind == .connection { throw abandon(c) }
                 if firstError == nil { firstError = error }
             }
-            while let extra = PQgetResult(c) { PQclear(extra) }   // NULL ends each statement's answers
+            while let extra = PQgetResult(c) { PQclear(extra) }  // NULL ends each statement's answers
         }
         guard let sync = PQgetResult(c) else { throw abandon(c) }
         let synced = PQresultStatus(sync) == PGRES_PIPELINE_SYNC
@@ -229,7 +236,7 @@ public final class PGConnection: @unchecked Sendable {
         guard let r else {
             throw PGError(PQstatus(c) == CONNECTION_BAD ? .connection : .server, errorMessage(c))
         }
-        let result = PGResult(r)   // owns r from here (PQclear in deinit)
+        let result = PGResult(r)  // owns r from here (PQclear in deinit)
         switch PQresultStatus(r) {
         case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY:
             return result
@@ -240,7 +247,7 @@ public final class PGConnection: @unchecked Sendable {
             let primary = field(r, "M") ?? errorMessage(c)
             let lost = PQstatus(c) == CONNECTION_BAD || PGError.meansConnectionLoss(state)
             throw PGError(lost ? .connection : .server, redact(primary), sqlState: state)
-        default:   // COPY, or anything a statement of ours never produces: session state unknown
+        default:  // COPY, or anything a statement of ours never produces: session state unknown
             poisoned = true
             throw PGError(.unexpectedResult, "result status \(PQresultStatus(r).rawValue)")
         }

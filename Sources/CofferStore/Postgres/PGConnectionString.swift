@@ -9,8 +9,8 @@ enum PGConnectionString {
     /// Defaults applied only where the string does not set the parameter itself (libpq lets later
     /// keywords override earlier ones, and the expanded string comes last).
     static let defaults: [(String, String)] = [
-        ("connect_timeout", "10"),         // a blackholed host must not hang a worker for minutes
-        ("application_name", "coffer"),    // what pg_stat_activity shows
+        ("connect_timeout", "10"),  // a blackholed host must not hang a worker for minutes
+        ("application_name", "coffer")  // what pg_stat_activity shows
     ]
 
     /// The passwords `conninfo` carries, as written and percent-decoded, longest first.
@@ -29,7 +29,8 @@ enum PGConnectionString {
         if let err { PQfreemem(err) }
         // And what a malformed string may hold: userinfo of a URI, `password=` in either syntax.
         if let uri = conninfo.firstMatch(of: /^postgres(?:ql)?:\/\/([^@\/?]*)@/),
-           let colon = uri.1.firstIndex(of: ":") {
+            let colon = uri.1.firstIndex(of: ":")
+        {
             found.append(String(uri.1[uri.1.index(after: colon)...]))
         }
         for m in conninfo.matches(of: /[?&]password=([^&]*)/) { found.append(String(m.1)) }

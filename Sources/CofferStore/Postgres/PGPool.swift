@@ -5,7 +5,7 @@ import Foundation
 /// connections are checked on checkout without a round trip (`PGConnection.isAlive`), and a dead one
 /// is reconnected for up to `reconnectWait` seconds (a restarting server) before the call fails
 /// with a `.connection` error, so a server that is down makes calls fail after the bound, not hang.
-public final class PGPool: @unchecked Sendable {   // state behind `condition`
+public final class PGPool: @unchecked Sendable {  // state behind `condition`
     public let maxConnections: Int
     public let reconnectWait: Double
     private let conninfo: String
@@ -44,7 +44,8 @@ public final class PGPool: @unchecked Sendable {   // state behind `condition`
 
     /// Closes the idle connections; connections out now close when given back.
     public func close() {
-        condition.lock(); defer { condition.unlock() }
+        condition.lock()
+        defer { condition.unlock() }
         closed = true
         opened -= idle.count
         idle.removeAll()
@@ -54,20 +55,29 @@ public final class PGPool: @unchecked Sendable {   // state behind `condition`
     private func checkout() throws(PGError) -> PGConnection {
         condition.lock()
         while !closed && idle.isEmpty && opened >= maxConnections { condition.wait() }
-        if closed { condition.unlock(); throw PGError(.usage, "the connection pool is closed") }
+        if closed {
+            condition.unlock()
+            throw PGError(.usage, "the connection pool is closed")
+        }
         if let c = idle.popLast() {
             condition.unlock()
             if !c.isAlive {
-                do { try c.reconnect(within: reconnectWait) } catch { checkin(c); throw error }
+                do { try c.reconnect(within: reconnectWait) } catch {
+                    checkin(c)
+                    throw error
+                }
             }
             return c
         }
-        opened += 1   // a new connection, made outside the lock
+        opened += 1  // a new connection, made outside the lock
         condition.unlock()
         do {
             return try PGConnection.retrying(within: reconnectWait) { () throws(PGError) in try PGConnection(conninfo) }
         } catch {
-            condition.lock(); opened -= 1; condition.signal(); condition.unlock()
+            condition.lock()
+            opened -= 1
+            condition.signal()
+            condition.unlock()
             throw error
         }
     }
@@ -75,8 +85,9 @@ public final class PGPool: @unchecked Sendable {   // state behind `condition`
     /// Takes a connection back; one left inside a transaction is rolled back (or dropped if it can't be).
     private func checkin(_ c: PGConnection) {
         if c.inTransaction, c.isAlive { _ = try? c.execute("ROLLBACK") }
-        if c.inTransaction { c.close() }   // reconnected at its next checkout
-        condition.lock(); defer { condition.unlock() }
+        if c.inTransaction { c.close() }  // reconnected at its next checkout
+        condition.lock()
+        defer { condition.unlock() }
         if closed { opened -= 1 } else { idle.append(c) }
         condition.signal()
     }

@@ -3,7 +3,7 @@ import CPostgres
 /// A statement's result, always in binary format. Every accessor checks the row and column range, the
 /// column's type and the value's length against what it decodes: the bytes come from the server,
 /// which is not trusted not to lie (a hostile server gets an error, never a trap).
-public final class PGResult: @unchecked Sendable {   // a PGresult is read-only once received
+public final class PGResult: @unchecked Sendable {  // a PGresult is read-only once received
     let handle: OpaquePointer
     public let rowCount: Int
     public let columnCount: Int

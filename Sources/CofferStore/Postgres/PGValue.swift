@@ -17,7 +17,7 @@ public enum PGValue: Sendable, Equatable {
 
     var oid: Oid {
         switch self {
-        case .null: return 0   // let the server infer it from the statement
+        case .null: return 0  // let the server infer it from the statement
         case .bool: return OID.bool
         case .int4: return OID.int4
         case .int8: return OID.int8
@@ -45,7 +45,9 @@ public enum PGValue: Sendable, Equatable {
         case .int4(let v): p.storeBytes(of: v.bigEndian, toByteOffset: 0, as: Int32.self)
         case .int8(let v): p.storeBytes(of: v.bigEndian, toByteOffset: 0, as: Int64.self)
         case .bytea(let b): b.withUnsafeBytes { if let s = $0.baseAddress { p.copyMemory(from: s, byteCount: $0.count) } }
-        case .text(let s): var s = s; s.withUTF8 { if let b = $0.baseAddress { p.copyMemory(from: b, byteCount: $0.count) } }
+        case .text(let s):
+            var s = s
+            s.withUTF8 { if let b = $0.baseAddress { p.copyMemory(from: b, byteCount: $0.count) } }
         }
     }
 }
@@ -77,7 +79,10 @@ struct PGParameterArrays: ~Copyable {
         values.reserveCapacity(params.count)
         var offset = 0
         for (i, p) in params.enumerated() {
-            if p.byteCount == nil { values.append(nil); continue }
+            if p.byteCount == nil {
+                values.append(nil)
+                continue
+            }
             let at = buffer + offset
             p.write(to: at)
             values.append(UnsafePointer(at.assumingMemoryBound(to: CChar.self)))
@@ -93,8 +98,12 @@ struct PGParameterArrays: ~Copyable {
     deinit { buffer.deallocate() }
 
     /// The arrays as the C pointers `PQexecParams` and `PQsendQueryParams` take.
-    func withPointers<R>(_ body: (Int32, UnsafePointer<Oid>?, UnsafePointer<UnsafePointer<CChar>?>?,
-                                  UnsafePointer<Int32>?, UnsafePointer<Int32>?) -> R) -> R {
+    func withPointers<R>(
+        _ body: (
+            Int32, UnsafePointer<Oid>?, UnsafePointer<UnsafePointer<CChar>?>?,
+            UnsafePointer<Int32>?, UnsafePointer<Int32>?
+        ) -> R
+    ) -> R {
         types.withUnsafeBufferPointer { t in
             values.withUnsafeBufferPointer { v in
                 lengths.withUnsafeBufferPointer { l in

@@ -8,7 +8,7 @@ import Synchronization
 /// groups with the sealed state (PostgresTransactions.swift); synchronous_commit is on, so every
 /// commit is durable when it returns. Metadata is read through the writer (it must see the open
 /// transaction); content without uncommitted changes through a small pool, concurrently.
-public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // writer state behind writerLock
+public final class PostgresBackend: StoreBackend, @unchecked Sendable {  // writer state behind writerLock
     public let readOnly: Bool
     public let location: PostgresLocation
     let sql: PostgresSQL
@@ -31,7 +31,11 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // wri
         var since: ContinuousClock.Instant?
         var bytes = 0
         var dirtyFiles = Set<UInt64>()
-        mutating func clear() { since = nil; bytes = 0; dirtyFiles.removeAll() }
+        mutating func clear() {
+            since = nil
+            bytes = 0
+            dirtyFiles.removeAll()
+        }
     }
     let pending = Mutex(Pending())
     /// A read snapshot is open (`beginSnapshot`), and whether its connection was lost since.
@@ -98,18 +102,19 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // wri
             return try read { c in
                 let k = try c.execute(sql.kinds, prepared: true)
                 var kinds: [StoreSchema.Kind] = []
-                for r in 0 ..< k.rowCount {
-                    kinds.append(StoreSchema.Kind(number: Int(try k.int64(r, 0) ?? -1), name: try k.text(r, 1) ?? "?", transformer: try k.text(r, 2) ?? "?"))
+                for r in 0..<k.rowCount {
+                    kinds.append(
+                        StoreSchema.Kind(number: Int(try k.int64(r, 0) ?? -1), name: try k.text(r, 1) ?? "?", transformer: try k.text(r, 2) ?? "?"))
                 }
                 let m = try c.execute(sql.meta, prepared: true)
                 var meta: [String: [UInt8]] = [:]
-                for r in 0 ..< m.rowCount {
+                for r in 0..<m.rowCount {
                     if let name = try m.text(r, 0), let value = try m.bytes(r, 1) { meta[name] = value }
                 }
                 return StoreSchema(kinds: kinds, meta: meta)
             }
         } catch {
-            if case .unavailable = error { throw error }   // the server is away: not a damaged store
+            if case .unavailable = error { throw error }  // the server is away: not a damaged store
             throw .notAStore("\(error)")
         }
     }
@@ -146,7 +151,10 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {   // wri
         pending.withLock { $0.clear() }
         writer.close()
         writerLock.unlock()
-        readers.withLock { $0?.close(); $0 = nil }
+        readers.withLock {
+            $0?.close()
+            $0 = nil
+        }
     }
 
     /// The space the schema's tables take on the server, indexes and TOAST included.

@@ -25,14 +25,16 @@ extension PostgresBackend {
 
     /// Pages through rows `first...last` (signed, as stored) with `fetch`; `body` runs outside any
     /// connection, and its errors come back unchanged.
-    private func forEachChunkPage(file: UInt64, first: Int64, last: Int64, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void,
-                                  fetch: ([PGValue]) throws(StoreError) -> PGResult) throws {
+    private func forEachChunkPage(
+        file: UInt64, first: Int64, last: Int64, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void,
+        fetch: ([PGValue]) throws(StoreError) -> PGResult
+    ) throws {
         guard first <= last else { return }
         var from = first
         while true {
             let r = try fetch([Self.id(file), .int8(from), .int8(last), .int8(Int64(Self.chunkPage))])
             var lastSeen = from
-            for i in 0 ..< r.rowCount {
+            for i in 0..<r.rowCount {
                 let index: Int64
                 do { index = try r.int64(i, 0) ?? 0 } catch { throw StoreError.postgres(error) }
                 lastSeen = index
@@ -75,7 +77,9 @@ extension PostgresBackend {
         try ids(sql.chunkIndices, [Self.id(file), Self.id(first), Self.id(last)])
     }
 
-    public func deleteChunkRow(file: UInt64, index: UInt64) throws(StoreError) { try change(sql.deleteChunk, [Self.id(file), Self.id(index)], file: file) }
+    public func deleteChunkRow(file: UInt64, index: UInt64) throws(StoreError) {
+        try change(sql.deleteChunk, [Self.id(file), Self.id(index)], file: file)
+    }
     public func deleteAllChunkRows(file: UInt64) throws(StoreError) { try change(sql.deleteAllChunks, [Self.id(file)], file: file) }
     public func deleteAllChunkMapRows(file: UInt64) throws(StoreError) { try change(sql.deleteAllChunkMaps, [Self.id(file)]) }
 
@@ -99,7 +103,8 @@ extension PostgresBackend {
     }
 
     public func allEntryRows() throws(StoreError) -> [EntryRow] {
-        try rows(sql.allEntries) { r, i in EntryRow(parentTag: try r.bytes(i, 0) ?? [], tag: try r.bytes(i, 1) ?? [], sealed: try r.bytes(i, 2) ?? []) }
+        try rows(sql.allEntries) { r, i in EntryRow(parentTag: try r.bytes(i, 0) ?? [], tag: try r.bytes(i, 1) ?? [], sealed: try r.bytes(i, 2) ?? [])
+        }
     }
 
     public func allXattrRows() throws(StoreError) -> [XattrRow] {
@@ -119,7 +124,7 @@ extension PostgresBackend {
     private func rows<T>(_ statement: String, _ row: (PGResult, Int) throws -> T) throws(StoreError) -> [T] {
         try read { c in
             let r = try c.execute(statement, prepared: true)
-            return try (0 ..< r.rowCount).map { try row(r, $0) }
+            return try (0..<r.rowCount).map { try row(r, $0) }
         }
     }
 

@@ -20,7 +20,8 @@ extension PostgresBackend {
         try write(bytes: progress?.count ?? 0) { c in
             guard let progress else { return try c.executeScript("DROP TABLE IF EXISTS \(copyTable)") }
             try c.executeScript("CREATE TABLE IF NOT EXISTS \(copyTable)(id integer PRIMARY KEY CHECK (id = 1), value bytea NOT NULL)")
-            _ = try c.execute("INSERT INTO \(copyTable)(id, value) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value", [.bytea(progress)])
+            _ = try c.execute(
+                "INSERT INTO \(copyTable)(id, value) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value", [.bytea(progress)])
         }
     }
 
@@ -40,7 +41,8 @@ extension PostgresBackend {
         defer { c.close() }
         do {
             try c.transaction { c in
-                let r = try c.execute("SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'copy')", [.text(location.container)])
+                let r = try c.execute(
+                    "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'copy')", [.text(location.container)])
                 guard try r.bool(0, 0) == true else { throw StoreError.database("\(location.display) is not an unfinished copy") }
                 try c.executeScript("DROP SCHEMA \(PostgresIdentifier.quoted(location.container)) CASCADE")
             }

@@ -40,6 +40,6 @@ enum PostgresHeader {
 
     private static func containerError(_ error: any Error, _ location: PostgresLocation) -> ContainerError {
         if let e = error as? ContainerError { return e }
-        return .unreadable(location.display, "\(error)")   // PGError: passwords already cut out
+        return .unreadable(location.display, "\(error)")  // PGError: passwords already cut out
     }
 }

@@ -42,7 +42,9 @@ public final class PostgresLease: @unchecked Sendable {
     private var released = false
 
     private init(_ location: PostgresLocation, me: Holder, connection: PGConnection) {
-        self.location = location; self.me = me; self.connection = connection
+        self.location = location
+        self.me = me
+        self.connection = connection
         sql = PostgresSQL(schema: location.container)
     }
 
@@ -56,8 +58,14 @@ public final class PostgresLease: @unchecked Sendable {
         // Containers made before the lease existed get its table (a role that may not create it fails below).
         try? c.executeScript(lease.sql.createLease.replacingOccurrences(of: "CREATE TABLE", with: "CREATE TABLE IF NOT EXISTS"))
         do {
-            if let h = try lease.acquire() { c.close(); throw Failure.held(h) }
-        } catch let f as Failure { throw f } catch { c.close(); throw .unavailable("\(error)") }
+            if let h = try lease.acquire() {
+                c.close()
+                throw Failure.held(h)
+            }
+        } catch let f as Failure { throw f } catch {
+            c.close()
+            throw .unavailable("\(error)")
+        }
         return lease
     }
 
@@ -88,7 +96,8 @@ public final class PostgresLease: @unchecked Sendable {
     /// Extends the lease. The row still naming us is renewed whatever its expiry (a server that was
     /// away longer than the lease lost no holder); a row another mount took throws `.held`.
     public func renew() throws(Failure) {
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         guard !released else { return }
         do {
             if !connection.isAlive { try connection.reconnect(within: 1) }
@@ -99,7 +108,8 @@ public final class PostgresLease: @unchecked Sendable {
 
     /// Deletes the row (the next mount need not wait for the expiry) and ends the connection.
     public func release() {
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         guard !released else { return }
         released = true
         if !connection.isAlive { try? connection.reconnect(within: 5) }
@@ -114,8 +124,9 @@ public final class PostgresLease: @unchecked Sendable {
     }
 
     private static func holder(_ r: PGResult) throws -> Holder {
-        Holder(holder: try r.text(0, 0) ?? "", host: try r.text(0, 1) ?? "?", pid: Int32(truncatingIfNeeded: try r.int64(0, 2) ?? 0),
-               machine: try r.text(0, 3) ?? "", purpose: try r.text(0, 4) ?? "mount")
+        Holder(
+            holder: try r.text(0, 0) ?? "", host: try r.text(0, 1) ?? "?", pid: Int32(truncatingIfNeeded: try r.int64(0, 2) ?? 0),
+            machine: try r.text(0, 3) ?? "", purpose: try r.text(0, 4) ?? "mount")
     }
 
     /// A process of this machine that still runs (EPERM: it runs under another user). A zombie does
@@ -135,7 +146,7 @@ public final class PostgresLease: @unchecked Sendable {
 
     static func randomHex(_ bytes: Int) -> String {
         var g = SystemRandomNumberGenerator()
-        return (0 ..< bytes).map { _ in String(format: "%02x", UInt8.random(in: 0 ... 255, using: &g)) }.joined()
+        return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &g)) }.joined()
     }
 
     /// This machine's id for leases: a random id kept in the state directory (made on first use),

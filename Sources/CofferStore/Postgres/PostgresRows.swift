@@ -26,14 +26,14 @@ extension PostgresBackend {
     func tagged(_ statement: String, _ params: [PGValue]) throws(StoreError) -> [(tag: [UInt8], sealed: [UInt8])] {
         try read { c in
             let r = try c.execute(statement, params, prepared: true)
-            return try (0 ..< r.rowCount).map { i in (try r.bytes(i, 0) ?? [], try r.bytes(i, 1) ?? []) }
+            return try (0..<r.rowCount).map { i in (try r.bytes(i, 0) ?? [], try r.bytes(i, 1) ?? []) }
         }
     }
 
     func ids(_ statement: String, _ params: [PGValue]) throws(StoreError) -> [UInt64] {
         try read { c in
             let r = try c.execute(statement, params, prepared: true)
-            return try (0 ..< r.rowCount).map { i in UInt64(bitPattern: try r.int64(i, 0) ?? 0) }
+            return try (0..<r.rowCount).map { i in UInt64(bitPattern: try r.int64(i, 0) ?? 0) }
         }
     }
 
@@ -41,7 +41,9 @@ extension PostgresBackend {
 
     public func inode(_ id: UInt64) throws(StoreError) -> [UInt8]? { try value(sql.inode, [Self.id(id)]) }
     public func inodeExists(_ id: UInt64) throws(StoreError) -> Bool { try exists(sql.inodeExists, [Self.id(id)]) }
-    public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) { try change(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count) }
+    public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) {
+        try change(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count)
+    }
     public func deleteInode(_ id: UInt64) throws(StoreError) { try change(sql.deleteInode, [Self.id(id)]) }
 
     // MARK: Directory entries
@@ -67,7 +69,9 @@ extension PostgresBackend {
     public func putChunkMapPage(file: UInt64, page: UInt64, sealed: [UInt8]) throws(StoreError) {
         try change(sql.putChunkMap, [Self.id(file), Self.id(page), .bytea(sealed)], bytes: sealed.count)
     }
-    public func deleteChunkMapPages(file: UInt64, from: UInt64) throws(StoreError) { try change(sql.deleteChunkMapsFrom, [Self.id(file), Self.id(from)]) }
+    public func deleteChunkMapPages(file: UInt64, from: UInt64) throws(StoreError) {
+        try change(sql.deleteChunkMapsFrom, [Self.id(file), Self.id(from)])
+    }
     public func deleteChunkMapPage(file: UInt64, page: UInt64) throws(StoreError) { try change(sql.deleteChunkMap, [Self.id(file), Self.id(page)]) }
 
     // MARK: Extended attributes

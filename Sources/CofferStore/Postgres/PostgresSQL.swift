@@ -66,7 +66,9 @@ struct PostgresSQL: Sendable {
 
     // Directory entries
     var entry: String { "SELECT value FROM \(q).dirents WHERE parent = $1 AND tag = $2" }
-    var replaceEntry: String { "INSERT INTO \(q).dirents(parent, tag, value) VALUES ($1, $2, $3) ON CONFLICT (parent, tag) DO UPDATE SET value = EXCLUDED.value" }
+    var replaceEntry: String {
+        "INSERT INTO \(q).dirents(parent, tag, value) VALUES ($1, $2, $3) ON CONFLICT (parent, tag) DO UPDATE SET value = EXCLUDED.value"
+    }
     var addEntry: String { "INSERT INTO \(q).dirents(parent, tag, value) VALUES ($1, $2, $3) ON CONFLICT (parent, tag) DO NOTHING" }
     var deleteEntry: String { "DELETE FROM \(q).dirents WHERE parent = $1 AND tag = $2" }
     var entryPage: String { "SELECT tag, value FROM \(q).dirents WHERE parent = $1 AND tag >= $2 ORDER BY tag LIMIT $3" }
@@ -74,7 +76,9 @@ struct PostgresSQL: Sendable {
 
     // Chunks (ranges are read in pages of `PostgresBackend.chunkPage` rows)
     var chunkRange: String { "SELECT idx, value FROM \(q).chunks WHERE file = $1 AND idx BETWEEN $2 AND $3 ORDER BY idx LIMIT $4" }
-    var putChunk: String { "INSERT INTO \(q).chunks(file, idx, value) VALUES ($1, $2, $3) ON CONFLICT (file, idx) DO UPDATE SET value = EXCLUDED.value" }
+    var putChunk: String {
+        "INSERT INTO \(q).chunks(file, idx, value) VALUES ($1, $2, $3) ON CONFLICT (file, idx) DO UPDATE SET value = EXCLUDED.value"
+    }
     var deleteChunksFrom: String { "DELETE FROM \(q).chunks WHERE file = $1 AND idx >= $2" }
     var deleteChunkRange: String { "DELETE FROM \(q).chunks WHERE file = $1 AND idx BETWEEN $2 AND $3" }
     var chunkIndices: String { "SELECT idx FROM \(q).chunks WHERE file = $1 AND idx BETWEEN $2 AND $3 ORDER BY idx" }
@@ -84,7 +88,9 @@ struct PostgresSQL: Sendable {
 
     // Chunk map pages
     var chunkMap: String { "SELECT value FROM \(q).chunkmaps WHERE file = $1 AND page = $2" }
-    var putChunkMap: String { "INSERT INTO \(q).chunkmaps(file, page, value) VALUES ($1, $2, $3) ON CONFLICT (file, page) DO UPDATE SET value = EXCLUDED.value" }
+    var putChunkMap: String {
+        "INSERT INTO \(q).chunkmaps(file, page, value) VALUES ($1, $2, $3) ON CONFLICT (file, page) DO UPDATE SET value = EXCLUDED.value"
+    }
     var deleteChunkMapsFrom: String { "DELETE FROM \(q).chunkmaps WHERE file = $1 AND page >= $2" }
     var deleteChunkMap: String { "DELETE FROM \(q).chunkmaps WHERE file = $1 AND page = $2" }
     var deleteAllChunkMaps: String { "DELETE FROM \(q).chunkmaps WHERE file = $1" }
@@ -92,7 +98,9 @@ struct PostgresSQL: Sendable {
     // Extended attributes
     var xattr: String { "SELECT value FROM \(q).xattrs WHERE inode = $1 AND tag = $2" }
     var xattrs: String { "SELECT tag, value FROM \(q).xattrs WHERE inode = $1 ORDER BY tag" }
-    var putXattr: String { "INSERT INTO \(q).xattrs(inode, tag, value) VALUES ($1, $2, $3) ON CONFLICT (inode, tag) DO UPDATE SET value = EXCLUDED.value" }
+    var putXattr: String {
+        "INSERT INTO \(q).xattrs(inode, tag, value) VALUES ($1, $2, $3) ON CONFLICT (inode, tag) DO UPDATE SET value = EXCLUDED.value"
+    }
     var deleteXattr: String { "DELETE FROM \(q).xattrs WHERE inode = $1 AND tag = $2" }
     var deleteXattrs: String { "DELETE FROM \(q).xattrs WHERE inode = $1" }
 

@@ -12,7 +12,7 @@ extension PostgresBackend {
         guard !readOnly else { throw .readOnly }
         return try onWriter { () throws(StoreError) -> T in
             if pending.withLock({ $0.since == nil }) {
-                _ = try idle { try $0.execute("BEGIN") }   // nothing is open yet: safe to run again after a reconnect
+                _ = try idle { try $0.execute("BEGIN") }  // nothing is open yet: safe to run again after a reconnect
                 pending.withLock { $0.since = .now }
             }
             let result = try inTransaction { try body(writer) }
@@ -122,7 +122,7 @@ extension PostgresBackend {
         if writer.isAlive {
             if writer.inTransaction { _ = try? writer.execute("ROLLBACK") }
         } else {
-            writer.close()   // reconnected by the next call
+            writer.close()  // reconnected by the next call
         }
         pending.withLock { $0.clear() }
         onRollback?(error)

@@ -35,13 +35,21 @@ final class Checkpointer: @unchecked Sendable {
 
     /// Called after each commit: there are frames to fold in.
     func committed() {
-        condition.lock(); pendingFrames = true; lastActivity = .now; condition.signal(); condition.unlock()
+        condition.lock()
+        pendingFrames = true
+        lastActivity = .now
+        condition.signal()
+        condition.unlock()
     }
 
     /// Checkpoint now (the disk filled up): committed frames move into the database file, and the
     /// WAL can start over in the space it already has.
     func checkpointSoon() {
-        condition.lock(); pendingFrames = true; urgent = true; condition.signal(); condition.unlock()
+        condition.lock()
+        pendingFrames = true
+        urgent = true
+        condition.signal()
+        condition.unlock()
     }
 
     /// Waits for a running checkpoint to end; the thread exits.
@@ -68,11 +76,19 @@ final class Checkpointer: @unchecked Sendable {
         while true {
             condition.lock()
             while !pendingFrames && !stopping { condition.wait() }
-            if stopping { finished = true; condition.broadcast(); condition.unlock(); return }
+            if stopping {
+                finished = true
+                condition.broadcast()
+                condition.unlock()
+                return
+            }
             let quietFor = ContinuousClock.now - lastActivity
             let wal = walSize()
             let due = urgent || quietFor >= idle || wal >= limit || wal >= freeSpace() / 4
-            if due { pendingFrames = false; urgent = false }
+            if due {
+                pendingFrames = false
+                urgent = false
+            }
             condition.unlock()
             if due {
                 _ = try? queue?.writeWithoutTransaction { try $0.checkpoint(.passive) }

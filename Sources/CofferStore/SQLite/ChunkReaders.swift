@@ -17,7 +17,10 @@ enum RawSQLite {
             guard rc == SQLITE_ROW else { throw StoreError.sqlite(code: rc, stmt) }
             let idx = UInt64(bitPattern: sqlite3_column_int64(stmt, 0))
             let n = Int(sqlite3_column_bytes(stmt, 1))
-            guard let p = sqlite3_column_blob(stmt, 1) else { try body(idx, UnsafeRawBufferPointer(start: nil, count: 0)); continue }
+            guard let p = sqlite3_column_blob(stmt, 1) else {
+                try body(idx, UnsafeRawBufferPointer(start: nil, count: 0))
+                continue
+            }
             try body(idx, UnsafeRawBufferPointer(start: p, count: n))
         }
     }
@@ -53,8 +56,14 @@ final class ChunkReaders: @unchecked Sendable {
         /// Bytes read through the current mapping.
         var bytesSinceMap = 0
         private var limit = ChunkReaders.mapLimit
-        init(db: OpaquePointer, select: OpaquePointer) { self.db = db; self.select = select }
-        deinit { sqlite3_finalize(select); sqlite3_close_v2(db) }
+        init(db: OpaquePointer, select: OpaquePointer) {
+            self.db = db
+            self.select = select
+        }
+        deinit {
+            sqlite3_finalize(select)
+            sqlite3_close_v2(db)
+        }
 
         /// A new limit makes SQLite unmap the file and map it again, untouched (the call writes the
         /// old limit back into its argument, hence the copy).

@@ -130,16 +130,17 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
             let pool = try DatabasePool(path: path, configuration: configuration(readOnly: false, pageSize: pageSize(forChunkSize: chunkSize)))
             try configureWriter(pool)
             try pool.write { db in
-                try db.execute(sql: """
-                    CREATE TABLE coffer_meta(name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
-                    CREATE TABLE coffer_kinds(kind INTEGER PRIMARY KEY, name TEXT NOT NULL, transformer TEXT NOT NULL);
-                    CREATE TABLE inodes(id INTEGER PRIMARY KEY, value BLOB NOT NULL);
-                    CREATE TABLE dirents(parent BLOB NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(parent, tag)) WITHOUT ROWID;
-                    CREATE TABLE chunks(file INTEGER NOT NULL, idx INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, idx));
-                    CREATE TABLE xattrs(inode INTEGER NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(inode, tag)) WITHOUT ROWID;
-                    CREATE TABLE orphans(id INTEGER PRIMARY KEY);
-                    CREATE TABLE chunkmaps(file INTEGER NOT NULL, page INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, page));
-                    """)
+                try db.execute(
+                    sql: """
+                        CREATE TABLE coffer_meta(name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+                        CREATE TABLE coffer_kinds(kind INTEGER PRIMARY KEY, name TEXT NOT NULL, transformer TEXT NOT NULL);
+                        CREATE TABLE inodes(id INTEGER PRIMARY KEY, value BLOB NOT NULL);
+                        CREATE TABLE dirents(parent BLOB NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(parent, tag)) WITHOUT ROWID;
+                        CREATE TABLE chunks(file INTEGER NOT NULL, idx INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, idx));
+                        CREATE TABLE xattrs(inode INTEGER NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(inode, tag)) WITHOUT ROWID;
+                        CREATE TABLE orphans(id INTEGER PRIMARY KEY);
+                        CREATE TABLE chunkmaps(file INTEGER NOT NULL, page INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, page));
+                        """)
             }
             let backend = SQLiteBackend(path: path, pool: pool, readOnly: false)
             try backend.readSettings()
@@ -187,13 +188,16 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         do {
             return try pool.unsafeRead { db in
                 let kinds = try Row.fetchAll(db, sql: "SELECT kind, name, transformer FROM coffer_kinds").map { row in
-                    StoreSchema.Kind(number: (try? row.decode(Int.self, atIndex: 0)) ?? -1,
-                                     name: (try? row.decode(String.self, atIndex: 1)) ?? "?",
-                                     transformer: (try? row.decode(String.self, atIndex: 2)) ?? "?")
+                    StoreSchema.Kind(
+                        number: (try? row.decode(Int.self, atIndex: 0)) ?? -1,
+                        name: (try? row.decode(String.self, atIndex: 1)) ?? "?",
+                        transformer: (try? row.decode(String.self, atIndex: 2)) ?? "?")
                 }
                 var meta: [String: [UInt8]] = [:]
                 for row in try Row.fetchAll(db, sql: "SELECT name, value FROM coffer_meta") {
-                    guard let name = try? row.decode(String.self, atIndex: 0), let value = (try? row.decode(Data?.self, atIndex: 1)) ?? nil else { continue }
+                    guard let name = try? row.decode(String.self, atIndex: 0), let value = (try? row.decode(Data?.self, atIndex: 1)) ?? nil else {
+                        continue
+                    }
                     meta[name] = [UInt8](value)
                 }
                 return StoreSchema(kinds: kinds, meta: meta)
@@ -204,8 +208,9 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     public func initializeSchema(_ schema: StoreSchema) throws(StoreError) {
         try write { db in
             for kind in schema.kinds {
-                try db.execute(sql: "INSERT INTO coffer_kinds(kind, name, transformer) VALUES (?, ?, ?)",
-                               arguments: [kind.number, kind.name, kind.transformer])
+                try db.execute(
+                    sql: "INSERT INTO coffer_kinds(kind, name, transformer) VALUES (?, ?, ?)",
+                    arguments: [kind.number, kind.name, kind.transformer])
             }
             for (name, value) in schema.meta {
                 try db.execute(sql: "INSERT OR REPLACE INTO coffer_meta(name, value) VALUES (?, ?)", arguments: [name, Data(value)])
@@ -227,7 +232,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     /// what the crash left in the WAL, which the checkpoint thread would otherwise write moments later.
     private func foldInLeftoverWAL() {
         guard walSize() > 0 else { return }
-        for attempt in 0 ..< 2 {
+        for attempt in 0..<2 {
             do {
                 try pool.writeWithoutTransaction { _ = try $0.checkpoint(.restart) }
                 return
@@ -250,13 +255,16 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         var st = stat()
         if stat(path + "-wal", &st) == 0, st.st_size > 0 {
             guard access(path + "-shm", R_OK) == 0 else {
-                throw .database("the write-ahead log \(path)-wal holds commits that cannot be read without \(path)-shm in a directory that cannot be written; mount the container once where it can be written")
+                throw .database(
+                    "the write-ahead log \(path)-wal holds commits that cannot be read without \(path)-shm in a directory that cannot be written; mount the container once where it can be written"
+                )
             }
             return path
         }
         // Debian's SQLite takes URI file names (SQLITE_USE_URI); GRDB does not pass SQLITE_OPEN_URI.
         guard sqlite3_compileoption_used("USE_URI") != 0,
-              let escaped = path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed.subtracting(CharacterSet(charactersIn: "?#%"))) else {
+            let escaped = path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed.subtracting(CharacterSet(charactersIn: "?#%")))
+        else {
             throw .database("this SQLite cannot open a store in a directory that cannot be written (no URI file names)")
         }
         return "file:" + escaped + "?immutable=1"

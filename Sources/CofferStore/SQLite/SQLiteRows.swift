@@ -10,7 +10,9 @@ extension SQLiteBackend {
 
     public func inode(_ id: UInt64) throws(StoreError) -> [UInt8]? {
         try writer { db in
-            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM inodes WHERE id = ?"), arguments: [Int64(bitPattern: id)]).map { [UInt8]($0) }
+            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM inodes WHERE id = ?"), arguments: [Int64(bitPattern: id)]).map {
+                [UInt8]($0)
+            }
         }
     }
 
@@ -22,7 +24,9 @@ extension SQLiteBackend {
 
     public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) {
         try write(bytes: sealed.count) { db in
-            try db.cachedStatement(sql: "INSERT OR REPLACE INTO inodes(id, value) VALUES (?, ?)").execute(arguments: [Int64(bitPattern: id), Data(sealed)])
+            try db.cachedStatement(sql: "INSERT OR REPLACE INTO inodes(id, value) VALUES (?, ?)").execute(arguments: [
+                Int64(bitPattern: id), Data(sealed)
+            ])
         }
     }
 
@@ -34,14 +38,18 @@ extension SQLiteBackend {
 
     public func entry(parentTag: [UInt8], tag: [UInt8]) throws(StoreError) -> [UInt8]? {
         try writer { db in
-            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM dirents WHERE parent = ? AND tag = ?"),
-                              arguments: [Data(parentTag), Data(tag)]).map { [UInt8]($0) }
+            try Data.fetchOne(
+                db.cachedStatement(sql: "SELECT value FROM dirents WHERE parent = ? AND tag = ?"),
+                arguments: [Data(parentTag), Data(tag)]
+            ).map { [UInt8]($0) }
         }
     }
 
     public func putEntry(parentTag: [UInt8], tag: [UInt8], sealed: [UInt8], replace: Bool) throws(StoreError) -> Bool {
         try write(bytes: sealed.count) { db in
-            let sql = replace ? "INSERT OR REPLACE INTO dirents(parent, tag, value) VALUES (?, ?, ?)"
+            let sql =
+                replace
+                ? "INSERT OR REPLACE INTO dirents(parent, tag, value) VALUES (?, ?, ?)"
                 : "INSERT OR IGNORE INTO dirents(parent, tag, value) VALUES (?, ?, ?)"
             try db.cachedStatement(sql: sql).execute(arguments: [Data(parentTag), Data(tag), Data(sealed)])
             return db.changesCount == 1
@@ -56,8 +64,9 @@ extension SQLiteBackend {
 
     public func entryPage(parentTag: [UInt8], from: [UInt8], limit: Int) throws(StoreError) -> [(tag: [UInt8], sealed: [UInt8])] {
         let rows = try writer { db in
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT tag, value FROM dirents WHERE parent = ? AND tag >= ? ORDER BY tag LIMIT ?"),
-                             arguments: [Data(parentTag), Data(from), limit])
+            try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT tag, value FROM dirents WHERE parent = ? AND tag >= ? ORDER BY tag LIMIT ?"),
+                arguments: [Data(parentTag), Data(from), limit])
         }
         return rows.map(Self.tagAndValue)
     }
@@ -125,7 +134,9 @@ extension SQLiteBackend {
 
     public func deleteChunks(file: UInt64, from: UInt64) throws(StoreError) -> Int {
         try write(file: file) { db in
-            try db.cachedStatement(sql: "DELETE FROM chunks WHERE file = ? AND idx >= ?").execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: from)])
+            try db.cachedStatement(sql: "DELETE FROM chunks WHERE file = ? AND idx >= ?").execute(arguments: [
+                Int64(bitPattern: file), Int64(bitPattern: from)
+            ])
             return db.changesCount
         }
     }
@@ -140,9 +151,11 @@ extension SQLiteBackend {
 
     public func chunkIndices(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> [UInt64] {
         try writer { db in
-            try Int64.fetchAll(db.cachedStatement(sql: "SELECT idx FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"),
-                               arguments: [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)])
-                .map { UInt64(bitPattern: $0) }
+            try Int64.fetchAll(
+                db.cachedStatement(sql: "SELECT idx FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"),
+                arguments: [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)]
+            )
+            .map { UInt64(bitPattern: $0) }
         }
     }
 
@@ -150,8 +163,10 @@ extension SQLiteBackend {
 
     public func chunkMapPage(file: UInt64, page: UInt64) throws(StoreError) -> [UInt8]? {
         try writer { db in
-            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM chunkmaps WHERE file = ? AND page = ?"),
-                              arguments: [Int64(bitPattern: file), Int64(bitPattern: page)]).map { [UInt8]($0) }
+            try Data.fetchOne(
+                db.cachedStatement(sql: "SELECT value FROM chunkmaps WHERE file = ? AND page = ?"),
+                arguments: [Int64(bitPattern: file), Int64(bitPattern: page)]
+            ).map { [UInt8]($0) }
         }
     }
 
@@ -180,8 +195,10 @@ extension SQLiteBackend {
 
     public func xattr(inode: UInt64, tag: [UInt8]) throws(StoreError) -> [UInt8]? {
         try writer { db in
-            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM xattrs WHERE inode = ? AND tag = ?"),
-                              arguments: [Int64(bitPattern: inode), Data(tag)]).map { [UInt8]($0) }
+            try Data.fetchOne(
+                db.cachedStatement(sql: "SELECT value FROM xattrs WHERE inode = ? AND tag = ?"),
+                arguments: [Int64(bitPattern: inode), Data(tag)]
+            ).map { [UInt8]($0) }
         }
     }
 

@@ -197,14 +197,16 @@ extension SQLiteBackend {
     /// enough (a page per statement, against half the WAL's length plus the free space) to be
     /// written over the WAL from its start once the previous piece was checkpointed.
     public func isCommitDue(age: Duration, volume: Int) -> Bool {
-        guard let (since, bytes, deletes, look) = pending.withLock({ p -> (ContinuousClock.Instant, Int, Int, Bool)? in
-            guard let since = p.since else { return nil }
-            // Called on every write and unlink: look at the disk (statvfs, stat) once per MiB
-            // written or 32 deletes more, not on each call.
-            let step = p.bytes >> 20 + p.deletes / 32
-            defer { p.probed = step }
-            return (since, p.bytes, p.deletes, step != p.probed)
-        }) else { return false }
+        guard
+            let (since, bytes, deletes, look) = pending.withLock({ p -> (ContinuousClock.Instant, Int, Int, Bool)? in
+                guard let since = p.since else { return nil }
+                // Called on every write and unlink: look at the disk (statvfs, stat) once per MiB
+                // written or 32 deletes more, not on each call.
+                let step = p.bytes >> 20 + p.deletes / 32
+                defer { p.probed = step }
+                return (since, p.bytes, p.deletes, step != p.probed)
+            })
+        else { return false }
         if bytes >= volume || ContinuousClock.now - since >= age { return true }
         guard look else { return false }
         if bytes >= 1 << 20 && Int64(bytes) >= freeSpace() / 8 { return true }

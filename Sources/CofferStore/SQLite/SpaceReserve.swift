@@ -26,7 +26,8 @@ final class SpaceReserve: @unchecked Sendable {
 
     /// Allocates the reserve when the disk has room for it and a margin.
     func take() {
-        pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
+        pthread_mutex_lock(&lock)
+        defer { pthread_mutex_unlock(&lock) }
         guard !held else { return }
         let fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return }
@@ -37,30 +38,37 @@ final class SpaceReserve: @unchecked Sendable {
 
     /// Gives the reserved space back to the filesystem (after a transaction failed for lack of it).
     func release() {
-        pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
+        pthread_mutex_lock(&lock)
+        defer { pthread_mutex_unlock(&lock) }
         guard held else { return }
         let fd = open(path, O_WRONLY | O_CLOEXEC)
-        if fd >= 0 { ftruncate(fd, 0); close(fd) }
+        if fd >= 0 {
+            ftruncate(fd, 0)
+            close(fd)
+        }
         held = false
         released = true
     }
 
     /// Deletes the reserve file (a clean close: it is not needed to open the store).
     func remove() {
-        pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
+        pthread_mutex_lock(&lock)
+        defer { pthread_mutex_unlock(&lock) }
         unlink(path)
         held = false
     }
 
     var isHeld: Bool {
-        pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
+        pthread_mutex_lock(&lock)
+        defer { pthread_mutex_unlock(&lock) }
         return held
     }
 
     /// Bytes of free space that belong to the reserve: its size after `release` until it is taken
     /// again (not when it could not be taken at mount: then there is no reserve to keep).
     var owed: Int64 {
-        pthread_mutex_lock(&lock); defer { pthread_mutex_unlock(&lock) }
+        pthread_mutex_lock(&lock)
+        defer { pthread_mutex_unlock(&lock) }
         return released ? Int64(size) : 0
     }
 }
