@@ -104,7 +104,13 @@ drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 remount() { umount_subject "$1"; drop; mount_subject "$1"; }
 t() { local a b; a=$(date +%s%N); "$@" > /dev/null 2>&1; b=$(date +%s%N); awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }
 rec() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RES"; }
-coffer_pid() { cat "$(dir_of "$1")/c/coffer.lock" 2>/dev/null | head -1; }
+# A Coffer subject's daemon: the holder of the flock on its container (the directory itself since
+# the lock file went, coffer.lock in earlier versions), from the kernel's lock table.
+coffer_pid() {
+    local c ino; c="$(dir_of "$1")/c"
+    if [ -f "$c/coffer.lock" ]; then ino=$(stat -c %i "$c/coffer.lock"); else ino=$(stat -c %i "$c"); fi
+    awk -v ino="$ino" '$2 == "FLOCK" && $3 == "ADVISORY" { n = split($6, a, ":"); if (a[n] == ino) { print $5; exit } }' /proc/locks
+}
 
 log "subjects: $SUBJECTS; corpus $CFILES files; streaming $SEQ_MB MiB; fio ${FIO_RT}s on $FIO_MB MiB"
 for s in $SUBJECTS; do init_subject "$s"; drop; rec "$s" mount "$(t mount_subject "$s")" s; done
