@@ -3,28 +3,38 @@
 # installed) on the same disk, in one run; prints a table with ratios.
 #
 # Usage: bench/bench.sh [--quick] [--only coffer,gocryptfs] [--coffer-opts "-o writeback_cache"]
+#        [--coffer-b PATH] [--label-a NAME] [--label-b NAME]
 # Env:   BENCH_WORKDIR (default /var/tmp/coffer-bench), BENCH_SEQ_MB (1024; quick 256),
 #        BENCH_FIO_RUNTIME (20; quick 5), BENCH_FIO_SIZE_MB (256), BENCH_CORPUS (a tarball),
-#        COFFER (path to the coffer binary; default .build/release/coffer)
+#        COFFER (path to the coffer binary; default .build/release/coffer),
+#        COFFER_B (same as --coffer-b)
+# A/B: --coffer-b PATH adds a subject coffer-b, a second Coffer binary measured like coffer in the
+#   same run (own container, same options); the table gains a column coffer/coffer-b (how many times
+#   better coffer is). --label-a/--label-b only rename the two columns. The subjects run in the order
+#   given, e.g. --only coffer-b,coffer,gocryptfs to put B first.
 # Workloads (caches dropped before each; each subject remounted before each read workload):
 #   mount (s), seq_write dd 1M + fsync (MB/s), seq_read after remount (MB/s), untar corpus (s),
 #   ls_lR (s), read_all: cat every file (s), rm_rf (s), fio 4 KiB randwrite / randread, psync,
 #   1 job (IOPS), coffer daemon peak RSS while streaming a write and a read (MiB).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-QUICK=0; ONLY=""; COFFER_OPTS=""
+QUICK=0; ONLY=""; COFFER_OPTS=""; COFFER_B=${COFFER_B:-}; LABEL_A=coffer; LABEL_B=coffer-b
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
         --only) ONLY=$2; shift ;;
         --coffer-opts) COFFER_OPTS=$2; shift ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        --coffer-b) COFFER_B=$2; shift ;;
+        --label-a) LABEL_A=$2; shift ;;
+        --label-b) LABEL_B=$2; shift ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "bench: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
 COFFER=${COFFER:-$here/.build/release/coffer}
 [ -x "$COFFER" ] || { echo "bench: $COFFER not built (make release)" >&2; exit 1; }
+[ -z "$COFFER_B" ] || [ -x "$COFFER_B" ] || { echo "bench: --coffer-b $COFFER_B is not an executable" >&2; exit 1; }
 WORK=${BENCH_WORKDIR:-/var/tmp/coffer-bench}
 if [ $QUICK = 1 ]; then SEQ_MB=${BENCH_SEQ_MB:-256}; FIO_RT=${BENCH_FIO_RUNTIME:-5}; else SEQ_MB=${BENCH_SEQ_MB:-1024}; FIO_RT=${BENCH_FIO_RUNTIME:-20}; fi
 FIO_MB=${BENCH_FIO_SIZE_MB:-256}
@@ -33,9 +43,11 @@ PASS="$RUN/pass"; echo "bench-password-$$" > "$PASS"; chmod 600 "$PASS"
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 
 SUBJECTS="plain coffer"
+[ -n "$COFFER_B" ] && SUBJECTS="$SUBJECTS coffer-b"
 command -v gocryptfs >/dev/null && SUBJECTS="$SUBJECTS gocryptfs"
 command -v securefs >/dev/null && SUBJECTS="$SUBJECTS securefs"
 [ -n "$ONLY" ] && SUBJECTS="plain ${ONLY//,/ }"
+case " $SUBJECTS " in *" coffer-b "*) [ -n "$COFFER_B" ] || { echo "bench: subject coffer-b needs --coffer-b PATH" >&2; exit 2; } ;; esac
 
 # ---- corpus: a real source tree (the Swift package mirrors, or /usr/include)
 CORPUS=${BENCH_CORPUS:-$WORK/corpus$([ $QUICK = 1 ] && echo -quick).tar}
@@ -57,13 +69,15 @@ CFILES=$(tar -tvf "$CORPUS" | grep -c '^-')
 
 # ---- subjects
 declare -A PID=()
+# The Coffer binary of a Coffer subject (coffer, coffer-b), empty for the others.
+bin_of() { case $1 in coffer) echo "$COFFER" ;; coffer-b) echo "$COFFER_B" ;; esac; }
 dir_of() { echo "$RUN/$1"; }
 mnt_of() { if [ "$1" = plain ]; then echo "$RUN/plain/data"; else echo "$RUN/$1/mnt"; fi; }
 init_subject() {
     local d; d=$(dir_of "$1"); mkdir -p "$d/mnt" "$d/data"
     case $1 in
         plain) ;;
-        coffer) "$COFFER" init --passfile "$PASS" --no-recovery-key "$d/c" > /dev/null ;;
+        coffer|coffer-b) "$(bin_of "$1")" init --passfile "$PASS" --no-recovery-key "$d/c" > /dev/null ;;
         gocryptfs) gocryptfs -init -q -passfile "$PASS" "$d/data" > /dev/null ;;
         securefs) securefs create --pass "$(cat "$PASS")" "$d/data" > /dev/null 2>&1 ;;
     esac
@@ -72,7 +86,7 @@ mount_subject() {
     local d; d=$(dir_of "$1")
     case $1 in
         plain) return 0 ;;
-        coffer) "$COFFER" mount --passfile "$PASS" $COFFER_OPTS "$d/c" "$d/mnt" ;;
+        coffer|coffer-b) "$(bin_of "$1")" mount --passfile "$PASS" $COFFER_OPTS "$d/c" "$d/mnt" ;;
         gocryptfs) gocryptfs -q -passfile "$PASS" "$d/data" "$d/mnt" ;;
         securefs) securefs mount -b --pass "$(cat "$PASS")" --log "$d/securefs.log" "$d/data" "$d/mnt" > /dev/null 2>&1; for _ in $(seq 100); do mountpoint -q "$d/mnt" && break; sleep 0.1; done ;;
     esac
@@ -80,7 +94,7 @@ mount_subject() {
 umount_subject() {
     [ "$1" = plain ] && return 0
     local m; m=$(mnt_of "$1")
-    if [ "$1" = coffer ]; then "$COFFER" unmount "$m"; else fusermount3 -u "$m"; fi
+    if [ -n "$(bin_of "$1")" ]; then "$(bin_of "$1")" unmount "$m"; else fusermount3 -u "$m"; fi
     for _ in $(seq 50); do mountpoint -q "$m" || return 0; sleep 0.1; done
     fusermount3 -uz "$m"
 }
@@ -90,30 +104,37 @@ drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 remount() { umount_subject "$1"; drop; mount_subject "$1"; }
 t() { local a b; a=$(date +%s%N); "$@" > /dev/null 2>&1; b=$(date +%s%N); awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }
 rec() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RES"; }
-coffer_pid() { cat "$(dir_of coffer)/c/coffer.lock" 2>/dev/null | head -1; }
+# A Coffer subject's daemon: the holder of the flock on its container (the directory itself since
+# the lock file went, coffer.lock in earlier versions), from the kernel's lock table.
+coffer_pid() {
+    local c ino; c="$(dir_of "$1")/c"
+    if [ -f "$c/coffer.lock" ]; then ino=$(stat -c %i "$c/coffer.lock"); else ino=$(stat -c %i "$c"); fi
+    awk -v ino="$ino" '$2 == "FLOCK" && $3 == "ADVISORY" { n = split($6, a, ":"); if (a[n] == ino) { print $5; exit } }' /proc/locks
+}
 
 log "subjects: $SUBJECTS; corpus $CFILES files; streaming $SEQ_MB MiB; fio ${FIO_RT}s on $FIO_MB MiB"
 for s in $SUBJECTS; do init_subject "$s"; drop; rec "$s" mount "$(t mount_subject "$s")" s; done
 
-# The coffer daemon's peak resident size while a workload runs: watch_rss before it, rss_peak NAME after.
+# A Coffer daemon's peak resident size while a workload runs: watch_rss SUBJECT before it,
+# rss_peak SUBJECT NAME after.
 watch_rss() {
-    local pid; pid=$(coffer_pid); rm -f "$RUN/rss"
+    local pid; pid=$(coffer_pid "$1"); rm -f "$RUN/rss"
     ( peak=0; while kill -0 "$pid" 2>/dev/null; do r=$(awk '/VmRSS/{print $2}' /proc/"$pid"/status 2>/dev/null); [ -n "$r" ] && [ "$r" -gt "$peak" ] && peak=$r && echo "$peak" > "$RUN/rss"; sleep 0.2; done ) &
     watcher=$!
 }
-rss_peak() { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; rec coffer "$1" "$(( $(cat "$RUN/rss" 2>/dev/null || echo 0) / 1024 ))" MiB; }
+rss_peak() { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; rec "$1" "$2" "$(( $(cat "$RUN/rss" 2>/dev/null || echo 0) / 1024 ))" MiB; }
 for s in $SUBJECTS; do
     m=$(mnt_of "$s"); drop
-    [ "$s" = coffer ] && watch_rss
+    [ -n "$(bin_of "$s")" ] && watch_rss "$s"
     secs=$(t dd if=/dev/zero of="$m/seq.dat" bs=1M count="$SEQ_MB" conv=fsync)
     rec "$s" seq_write "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
-    [ "$s" = coffer ] && rss_peak rss_streaming
+    [ -n "$(bin_of "$s")" ] && rss_peak "$s" rss_streaming
 done
 for s in $SUBJECTS; do
     remount "$s"; m=$(mnt_of "$s")
-    [ "$s" = coffer ] && watch_rss
+    [ -n "$(bin_of "$s")" ] && watch_rss "$s"
     secs=$(t cat "$m/seq.dat")
-    [ "$s" = coffer ] && rss_peak rss_streaming_read
+    [ -n "$(bin_of "$s")" ] && rss_peak "$s" rss_streaming_read
     rm -f "$m/seq.dat"
     rec "$s" seq_read "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
 done
@@ -135,23 +156,30 @@ done
 for s in $SUBJECTS; do rm -f "$(mnt_of "$s")/fio.dat"; done
 
 # ---- table: value per subject, then ratio to gocryptfs (>1 better) and to plain
-python3 - "$RES" "$SUBJECTS" <<'PY'
+python3 - "$RES" "$SUBJECTS" "$LABEL_A" "$LABEL_B" <<'PY'
 import sys, collections
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 subjects = sys.argv[2].split()
+label = {"coffer": sys.argv[3], "coffer-b": sys.argv[4]}
+ab = "coffer" in subjects and "coffer-b" in subjects
 val = collections.OrderedDict()
 for s, w, v, u in rows:
     val.setdefault((w, u), {})[s] = v
-print("%-14s %-6s" % ("workload", "unit") + "".join("%12s" % s for s in subjects) + "%16s" % "coffer/gocrypt")
-for (w, u), d in val.items():
-    line = "%-14s %-6s" % (w, u) + "".join("%12s" % d.get(s, "-") for s in subjects)
+def better(d, a, b, u):   # how many times better a is than b (> 1: a better)
     try:
-        c, g = float(d["coffer"]), float(d["gocryptfs"])
-        r = (g / c) if u == "s" else (c / g)   # > 1: coffer better
-        line += "%15.2fx" % r
+        x, y = float(d[a]), float(d[b])
+        return "%15.2fx" % ((y / x) if u == "s" else (x / y))
     except Exception:
-        line += "%16s" % "-"
+        return "%16s" % "-"
+print("%-14s %-6s" % ("workload", "unit") + "".join("%12s" % label.get(s, s) for s in subjects) + "%16s" % "coffer/gocrypt"
+      + ("%16s" % "coffer/coffer-b" if ab else ""))
+for (w, u), d in val.items():
+    line = "%-14s %-6s" % (w, u) + "".join("%12s" % d.get(s, "-") for s in subjects) + better(d, "coffer", "gocryptfs", u)
+    if ab:
+        line += better(d, "coffer", "coffer-b", u) if u in ("s", "MB/s", "IOPS") else "%16s" % "-"
     print(line)
 print("(coffer/gocrypt: how many times better Coffer is; for times, gocryptfs time / Coffer time)")
+if ab:
+    print("(coffer/coffer-b: how many times better %s is than %s, the same way; RSS rows not compared)" % (label["coffer"], label["coffer-b"]))
 PY
 log "results: $RES"
