@@ -95,6 +95,31 @@ struct EntityStoreTests {
         }
     }
 
+    /// While mounted and quiet, the WAL is folded in and cut to nothing, so the container holds about
+    /// what it stores (issue 19: after an untar it held the tree twice until unmount).
+    @Test func aQuietStoreCutsItsWALToNothing() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            defer { store.close() }
+            let file = try EntityStore.newContentId()
+            try store.putTestChunks(file: file, count: 64, seed: 3, keys: keys)  // 4 MiB
+            try store.commit()
+            func walSize() -> Int64 {
+                var st = stat()
+                return stat(path + "-wal", &st) == 0 ? Int64(st.st_size) : -1
+            }
+            #expect(walSize() > 4 << 20, "the commit went to the WAL")
+            let deadline = ContinuousClock.now + .seconds(10)
+            while walSize() != 0 && ContinuousClock.now < deadline { usleep(50_000) }
+            #expect(walSize() == 0, "the WAL is cut once the store is quiet")
+            #expect(try store.chunkIndices(file: file).count == 64)
+            // Writing goes on as before.
+            try store.putInode(70, sampleInode(size: 1))
+            try store.commit()
+            #expect(try store.inode(70)?.size == 1)
+        }
+    }
+
     /// A clean close leaves the store file alone: no WAL, no -shm, no space reserve for a sync tool to
     /// upload (issue 18). While open they exist; the store reopens from the one file.
     @Test func aCleanCloseLeavesOnlyTheStoreFile() throws {

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import GRDBSQLite
 
 /// Folds the WAL back into the database file on a dedicated connection and thread.
 ///
@@ -8,7 +9,8 @@ import GRDB
 /// for the database file to take in what the WAL holds, so a filling disk makes it eager), or when
 /// the store hit a full disk. A streaming write then costs one write of its data (into the
 /// WAL) while it runs; the copy into the database file happens when the disk is free. SQLite lets a
-/// passive checkpoint run beside the writer, so even a forced one does not stall commits.
+/// passive checkpoint run beside the writer, so even a forced one does not stall commits. A quiet
+/// checkpoint that folded everything in also cuts the WAL file to nothing (`truncateIfIdle`).
 final class Checkpointer: @unchecked Sendable {
     private let condition = NSCondition()
     private var lastActivity = ContinuousClock.now
@@ -72,6 +74,18 @@ final class Checkpointer: @unchecked Sendable {
         return statvfs(walPath, &st) == 0 ? Int64(st.f_bavail) * Int64(st.f_frsize) : Int64.max
     }
 
+    /// Cuts the WAL file to nothing once everything in it is in the database file and the writer is
+    /// quiet: SQLite otherwise keeps the file at its largest until the next write wraps it (and then
+    /// at `journal_size_limit`), so after an untar the container held the tree twice while mounted
+    /// (issue 19: store.db 441 MB and store.db-wal 504 MB). TRUNCATE waits for the writer's open
+    /// transaction; it is given 50 ms, and a writer that comes meanwhile wins (the next quiet moment
+    /// tries again).
+    private static func truncateIfIdle(_ db: Database) {
+        sqlite3_busy_timeout(db.sqliteConnection, 50)
+        defer { sqlite3_busy_timeout(db.sqliteConnection, 10_000) }
+        _ = try? db.checkpoint(.truncate)
+    }
+
     private func run() {
         while true {
             condition.lock()
@@ -84,14 +98,18 @@ final class Checkpointer: @unchecked Sendable {
             }
             let quietFor = ContinuousClock.now - lastActivity
             let wal = walSize()
-            let due = urgent || quietFor >= idle || wal >= limit || wal >= freeSpace() / 4
+            let quiet = !urgent && quietFor >= idle
+            let due = quiet || urgent || wal >= limit || wal >= freeSpace() / 4
             if due {
                 pendingFrames = false
                 urgent = false
             }
             condition.unlock()
             if due {
-                _ = try? queue?.writeWithoutTransaction { try $0.checkpoint(.passive) }
+                _ = try? queue?.writeWithoutTransaction { db in
+                    let folded = try db.checkpoint(.passive)
+                    if quiet, folded.walFrameCount > 0, folded.checkpointedFrameCount == folded.walFrameCount { Self.truncateIfIdle(db) }
+                }
             } else {
                 condition.lock()
                 _ = condition.wait(until: Date(timeIntervalSinceNow: 0.25))
