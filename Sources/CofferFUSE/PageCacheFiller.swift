@@ -54,8 +54,10 @@ final class PageCacheFiller: @unchecked Sendable {
         if head > 0 { ranges.append(0..<head) }
         let tail = (asked.upperBound + page - 1) / page * page
         if tail < bytes.count { ranges.append(tail..<bytes.count) }
+        ranges = ranges.map { $0.clamped(to: 0..<bytes.count) }.filter { !$0.isEmpty }
         guard !ranges.isEmpty else { return }
-        let size = ranges.reduce(0) { $0 + $1.count }
+        // The job keeps all of `bytes`, not only the ranges: that is what the bound must count.
+        let size = bytes.count
         condition.lock()
         defer { condition.unlock() }
         guard running, !stopping, queued + size <= limit else { return }
@@ -93,7 +95,7 @@ final class PageCacheFiller: @unchecked Sendable {
                 for r in job.ranges { store(se, job.ino, job.start + UInt64(r.lowerBound), UnsafeRawBufferPointer(rebasing: raw[r])) }
             }
             condition.lock()
-            queued -= job.ranges.reduce(0) { $0 + $1.count }
+            queued -= job.bytes.count
             condition.unlock()
         }
         done.signal()

@@ -49,12 +49,14 @@ public final class Container: @unchecked Sendable {
     /// schema's tables. `reconnectWait`: how long a PostgreSQL store waits for a lost server.
     public func openStore(
         keys: ContainerKeys, registry: TransformerRegistry = .standard, readOnly: Bool = false,
-        reconnectWait: Double = 30
+        reconnectWait: Double = 30, leaseHolder: String? = nil
     ) throws -> EntityStore {
         switch location {
         case .directory: return try EntityStore.open(at: try storePath(), keys: keys, registry: registry, readOnly: readOnly)
         case .postgres(let p):
-            return try EntityStore.open(try PostgresBackend.open(p, readOnly: readOnly, reconnectWait: reconnectWait), keys: keys, registry: registry)
+            let backend = try PostgresBackend.open(p, readOnly: readOnly, reconnectWait: reconnectWait)
+            backend.fenceHolder = leaseHolder
+            return try EntityStore.open(backend, keys: keys, registry: registry)
         }
     }
 

@@ -16,6 +16,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case randomFailed
     /// The engine's server cannot be reached (PostgreSQL: connection lost, not back within the wait).
     case unavailable(String)
+    /// Another mount took over the container's lease (PostgreSQL): this one commits nothing more.
+    case leaseLost
     case diskFull
     case readOnly
 
@@ -34,6 +36,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .sealingFailed(let why): return "sealing failed: \(why)"
         case .randomFailed: return "the random generator failed"
         case .unavailable(let why): return "the store's server cannot be reached: \(why)"
+        case .leaseLost: return "another mount took over the container's lease: nothing more is written from here"
         case .diskFull: return "no space left on the container's disk"
         case .readOnly: return "the store is open read-only"
         }

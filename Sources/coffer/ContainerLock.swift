@@ -101,7 +101,9 @@ final class ContainerLock {
         for line in table.split(separator: "\n") {
             let f = line.split(separator: " ")
             // Waiting requests read "1: -> FLOCK ...": not holders.
-            guard f.count >= 6, f[1] == "FLOCK", f[5] == id else { continue }
+            // The inode alone decides when the device differs (btrfs: stat gives the subvolume's
+            // anonymous device, /proc/locks the filesystem's).
+            guard f.count >= 6, f[1] == "FLOCK", f[5] == id || f[5].hasSuffix(":\(inode)") else { continue }
             return pid_t(f[4])
         }
         return nil

@@ -36,7 +36,7 @@ struct CopyCommand: ParsableCommand {
 
     func run() throws {
         try reportingFailures {
-            let src = try ContainerLocation.parse(source), dst = try ContainerLocation.parse(destination)
+            let src = try ContainerSource.location(source), dst = try ContainerSource.location(destination)
             if case .directory(let a) = src, case .directory(let b) = dst, Container.absolutePath(a) == Container.absolutePath(b) {
                 throw CLIFailure(message: "SRC and DEST are the same place", code: ExitStatus.usage)
             }

@@ -75,11 +75,12 @@ struct FsckCommand: ParsableCommand {
             let keys: ContainerKeys
             do { keys = try secret.unlock(c).keys } catch { return fail(CLIFailure.from(error).message, &report) }
             defer { keys.wipe() }
-            return checkAndRepair(c, keys: keys, &report)
+            return checkAndRepair(c, keys: keys, leaseHolder: lock.lease?.me.holder, &report)
         }
     }
 
-    private func checkAndRepair(_ c: Container, keys: ContainerKeys, _ report: inout Report) -> Int32 {
+    /// `leaseHolder`: a PostgreSQL container's repair commits only while fsck still holds its lease.
+    private func checkAndRepair(_ c: Container, keys: ContainerKeys, leaseHolder: String?, _ report: inout Report) -> Int32 {
         let result: CheckResult
         do {
             result = try check(c, keys: keys)
@@ -99,7 +100,7 @@ struct FsckCommand: ParsableCommand {
             }
         }
         do {
-            let store = try c.openStore(keys: keys, readOnly: false)
+            let store = try c.openStore(keys: keys, readOnly: false, leaseHolder: leaseHolder)
             defer { store.close() }
             report.summary = try Repairer.repair(result, store: store)
         } catch { return fail("repair failed, nothing was changed: \(CLIFailure.from(error).message)", &report) }

@@ -180,7 +180,8 @@ struct MountCommand: ParsableCommand {
         let keys = try secret.unlock(c).keys
         do {
             notifier?.status("Opening the store")
-            let store = try c.openStore(keys: keys, readOnly: opts.readOnly, reconnectWait: opts.reconnectWait)
+            let store = try c.openStore(
+                keys: keys, readOnly: opts.readOnly, reconnectWait: opts.reconnectWait, leaseHolder: lock.lease?.me.holder)
             try checkRollback(store: store, containerId: c.header.containerId, allow: opts.allowRollback, readOnly: opts.readOnly, logger: logger)
             var fsOptions = CofferFileSystem.Options()
             fsOptions.readOnly = opts.readOnly

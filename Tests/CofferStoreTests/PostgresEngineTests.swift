@@ -98,6 +98,33 @@ struct PostgresEngineTests {
         #expect(try store.inode(32)?.size == 32)
     }
 
+    /// Every commit renews the lease it was opened under, in its own transaction: once another mount
+    /// holds the lease, this store commits nothing more (its group is dropped and reported).
+    @Test func aStoreThatLostItsLeaseCommitsNothing() throws {
+        let made = try TestStore.create(.postgres, in: "")
+        let store = try made.open()
+        defer { store.close() }
+        let location = try #require(made.location)
+        let lease = try PostgresLease.take(location, purpose: "mount", machine: "lease-test")
+        defer { lease.release() }
+        let backend = try #require(store.backend as? PostgresBackend)
+        backend.fenceHolder = lease.me.holder
+        let rollbacks = Mutex<[StoreError]>([])
+        store.onRollback = { e in rollbacks.withLock { $0.append(e) } }
+        try store.putInode(50, sampleInode(size: 50))
+        try store.commit()
+        #expect(try store.inode(50)?.size == 50, "commits go through while the lease is ours")
+        let q = PostgresIdentifier.quoted(location.container)
+        try TestPostgres.cluster().psql("UPDATE \(q).lease SET holder = 'another-mount'")
+        try store.putInode(51, sampleInode(size: 51))
+        #expect(throws: StoreError.leaseLost) { try store.commit() }
+        #expect(rollbacks.withLock { $0 } == [.leaseLost])
+        let other = try made.open()
+        defer { other.close() }
+        #expect(try other.inode(51) == nil, "nothing of the fenced group reached the server")
+        #expect(try other.inode(50)?.size == 50)
+    }
+
     /// The writer's session is killed with a group open (an operator, a failover): rolled back,
     /// reported, and the next call reconnects.
     @Test func aTerminatedSessionDropsTheGroup() throws {

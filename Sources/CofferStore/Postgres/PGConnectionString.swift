@@ -10,6 +10,9 @@ enum PGConnectionString {
     /// keywords override earlier ones, and the expanded string comes last).
     static let defaults: [(String, String)] = [
         ("connect_timeout", "10"),  // a blackholed host must not hang a worker for minutes
+        // Nor a connection that goes silent mid-statement (TCP only; the kernel default is ~15 min).
+        ("keepalives", "1"), ("keepalives_idle", "5"), ("keepalives_interval", "2"), ("keepalives_count", "3"),
+        ("tcp_user_timeout", "15000"),
         ("application_name", "coffer")  // what pg_stat_activity shows
     ]
 

@@ -24,6 +24,10 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {  // writ
     static let readerConnections = 4
 
     public var onRollback: (@Sendable (StoreError) -> Void)?
+    /// The lease holder id this store commits under (a mount, fsck's repair): every commit renews the
+    /// lease in its own transaction and fails with `leaseLost` when another mount took it. Set right
+    /// after opening, before the first commit.
+    public var fenceHolder: String?
 
     /// The open group transaction: when it began, how many bytes it adds, which files' content it
     /// changed (their reads go through the writer until the commit).

@@ -86,7 +86,10 @@ public final class PostgresLease: @unchecked Sendable {
             if r.rowCount == 1 {
                 let h = try Self.holder(r)
                 let live = try r.bool(0, 5) ?? false
-                if live && h.holder != me.holder && !h.isGone(machine: me.machine) { return h }
+                // An expired row whose process still runs on this machine is a holder whose renewals
+                // are late (a stuck server connection, a suspended machine): not taken over.
+                let stillRunsHere = h.machine == me.machine && h.host == Self.hostName() && Self.isAlive(h.pid)
+                if h.holder != me.holder && (live ? !h.isGone(machine: me.machine) : stillRunsHere) { return h }
             }
             try c.execute(sql.putLease, params())
             return nil
@@ -101,7 +104,7 @@ public final class PostgresLease: @unchecked Sendable {
         guard !released else { return }
         do {
             if !connection.isAlive { try connection.reconnect(within: 1) }
-            if try connection.execute(sql.renewLease, [.text(me.holder), .int4(Int32(Self.duration))]).affectedRows == 1 { return }
+            if try connection.execute(sql.renewLease, [.text(me.holder), .int4(Int32(clamping: Self.duration))]).affectedRows == 1 { return }
             if let h = try acquire() { throw Failure.held(h) }
         } catch let f as Failure { throw f } catch { throw .unavailable("\(error)") }
     }
@@ -120,7 +123,7 @@ public final class PostgresLease: @unchecked Sendable {
     deinit { release() }
 
     private func params() -> [PGValue] {
-        [.text(me.holder), .text(me.host), .int4(me.pid), .text(me.machine), .text(me.purpose), .int4(Int32(Self.duration))]
+        [.text(me.holder), .text(me.host), .int4(me.pid), .text(me.machine), .text(me.purpose), .int4(Int32(clamping: Self.duration))]
     }
 
     private static func holder(_ r: PGResult) throws -> Holder {

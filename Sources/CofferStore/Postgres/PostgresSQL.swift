@@ -44,6 +44,12 @@ struct PostgresSQL: Sendable {
             + "machine = EXCLUDED.machine, purpose = EXCLUDED.purpose, expires = EXCLUDED.expires"
     }
     var renewLease: String { "UPDATE \(q).lease SET expires = now() + $2 * interval '1 second' WHERE id = 1 AND holder = $1" }
+    /// Renews the lease inside a commit, or fails the transaction (division by zero, 22012) when the
+    /// row no longer names this holder: a mount that lost its lease can never commit beside the new one.
+    var fenceLease: String {
+        "WITH r AS (UPDATE \(q).lease SET expires = now() + $2 * interval '1 second' WHERE id = 1 AND holder = $1 RETURNING 1) "
+            + "SELECT 1 / (SELECT count(*)::int FROM r)"
+    }
     var deleteLease: String { "DELETE FROM \(q).lease WHERE id = 1 AND holder = $1" }
 
     // Header

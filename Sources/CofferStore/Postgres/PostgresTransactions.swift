@@ -50,8 +50,17 @@ extension PostgresBackend {
             guard pending.withLock({ $0.since != nil }) else { return false }
             let sealed = try state()
             try inTransaction {
-                let r = try writer.pipeline([PGStatement(sql.putMeta, [.text("state"), .bytea(sealed)], prepared: true), PGStatement("COMMIT")])
-                guard r.count == 2, r[1].commandStatus == "COMMIT" else {
+                var statements: [PGStatement] = []
+                if let holder = fenceHolder {
+                    statements.append(PGStatement(sql.fenceLease, [.text(holder), .int4(Int32(clamping: PostgresLease.duration))], prepared: true))
+                }
+                statements.append(PGStatement(sql.putMeta, [.text("state"), .bytea(sealed)], prepared: true))
+                statements.append(PGStatement("COMMIT"))
+                let r: [PGResult]
+                do { r = try writer.pipeline(statements) } catch let e as PGError where e.sqlState == SQLState("22012") && fenceHolder != nil {
+                    throw StoreError.leaseLost
+                }
+                guard r.count == statements.count, r.last?.commandStatus == "COMMIT" else {
                     throw PGError(.server, "the server rolled the transaction back at COMMIT")
                 }
             }
