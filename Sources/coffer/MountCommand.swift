@@ -207,7 +207,15 @@ struct MountCommand: ParsableCommand {
                 logger.error("unmounting: \(why)")
                 fuse.requestExit()
             }
-            return PreparedMount(fuse: fuse, fs: fs, keys: keys, lock: lock, containerRoot: c.root, mountpoint: mnt)
+            let prepared = PreparedMount(fuse: fuse, fs: fs, keys: keys, lock: lock, containerRoot: c.root, mountpoint: mnt)
+            if case .directory = c.location {
+                // `coffer copy` of this mount: everything written so far is committed, then copied sealed.
+                prepared.control = ControlServer(containerId: c.header.containerId, logger: logger) { [fs, store] path in
+                    if !store.readOnly { try fs.commit() }
+                    try store.snapshot(into: path)
+                }
+            }
+            return prepared
         } catch {
             keys.wipe()
             throw error
@@ -288,6 +296,8 @@ final class PreparedMount: @unchecked Sendable {
     let lock: ContainerClaim
     let containerRoot: String
     let mountpoint: String
+    /// A directory container's control socket (ControlServer); stopped before the store closes.
+    var control: ControlServer?
 
     init(fuse: FUSEMount, fs: CofferFileSystem, keys: ContainerKeys, lock: ContainerClaim, containerRoot: String, mountpoint: String) {
         self.fuse = fuse
@@ -299,7 +309,16 @@ final class PreparedMount: @unchecked Sendable {
     }
 
     func run(onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) throws {
-        do { try fuse.run(onReady: onReady, onStopping: onStopping) } catch {
+        let control = self.control
+        do {
+            try fuse.run(
+                onReady: onReady,
+                onStopping: {
+                    control?.stop()
+                    onStopping()
+                })
+        } catch {
+            control?.stop()
             keys.wipe()
             throw CLIFailure(message: "\(error)", code: ExitStatus.mountFailed)
         }
@@ -307,6 +326,7 @@ final class PreparedMount: @unchecked Sendable {
 
     /// After the loop (the store is closed): the keys go, and a lease is given back.
     func finish() {
+        control?.stop()
         keys.wipe()
         lock.release()
     }
