@@ -77,12 +77,14 @@ final class ControlServer: @unchecked Sendable {
     }
 
     /// The answer line to the request on `c`.
+    /// The request is read first (bounded, timed out) so the answer reaches a refused caller too.
     private func answer(_ c: Int32) -> String {
+        let line = ControlSocket.readLine(c)
         guard let cred = ControlSocket.peer(c), cred.uid == geteuid() || cred.uid == 0 else {
             logger.warning("control socket: refused a request from another user")
             return "ERR permission denied: only the daemon's user or root may ask"
         }
-        guard let line = ControlSocket.readLine(c) else { return "ERR no request" }
+        guard let line else { return "ERR no request" }
         guard line.hasPrefix("snapshot ") else { return "ERR unknown request" }
         let target = String(line.dropFirst("snapshot ".count))
         do {
