@@ -51,7 +51,9 @@ extension CopyTests {
         var dirs = [stateDirectory + "/run"]
         if let r = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"], r.hasPrefix("/") { dirs.insert(r + "/coffer", at: 0) }
         for d in dirs {
-            if let f = (try? FileManager.default.contentsOfDirectory(atPath: d))?.first(where: { $0.hasSuffix("-\(pid).sock") }) { return d + "/" + f }
+            if let f = (try? FileManager.default.contentsOfDirectory(atPath: d))?.first(where: { $0.hasSuffix("-\(pid).sock") }) {
+                return d + "/" + f
+            }
         }
         return nil
     }
@@ -115,7 +117,8 @@ extension CopyTests {
         for d in [sb.root, sb.root + "/state", sb.root + "/state/run"] { try #require(chmod(d, 0o711) == 0) }
         try #require(chmod(socket, 0o666) == 0)
 
-        let ask = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+        let ask =
+            "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
             + "s.sendall(('snapshot ' + sys.argv[2] + '\\n').encode())\nprint(s.makefile().readline(), end='')"
         let target = sb.root + "/stolen.db"
         let nobody = E2E.run("/usr/sbin/runuser", ["-u", "nobody", "--", "/usr/bin/python3", "-c", ask, socket, target])
@@ -130,7 +133,8 @@ extension CopyTests {
 
         unlink(socket)
         let refused = Self.copy([sb.container, sb.root + "/copy"])
-        #expect(refused.status == 15 && refused.stderr.contains("container is mounted (pid") && refused.stderr.contains("unmount it first"), "\(refused)")
+        #expect(
+            refused.status == 15 && refused.stderr.contains("container is mounted (pid") && refused.stderr.contains("unmount it first"), "\(refused)")
         #expect(access(sb.root + "/copy", F_OK) != 0, "nothing was created")
         #expect(E2E.readText(sb.mnt + "/f.txt") == "data")
     }
