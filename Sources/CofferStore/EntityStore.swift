@@ -147,6 +147,13 @@ public final class EntityStore: @unchecked Sendable {
         if durable, let onCommit { onCommit(generation) }
     }
 
+    /// A consistent copy of the committed store (sealed rows only) in a new SQLite file at `path`; only
+    /// the embedded engine has one (a PostgreSQL source is read in a snapshot transaction instead).
+    public func snapshot(into path: String) throws(StoreError) {
+        guard let sqlite = backend as? SQLiteBackend else { throw .database("only an embedded store is snapshotted into a file") }
+        try sqlite.snapshot(into: path)
+    }
+
     /// Runs several store calls in one visit to the engine's writer.
     public func batch<T>(_ body: () throws -> T) throws -> T { try backend.batch(body) }
 

@@ -2,7 +2,8 @@ import Foundation
 import Glibc
 
 /// The container a copy reads: its header bytes and its store in one snapshot (`beginSnapshot`).
-/// A directory container must not be mounted (the daemon holds its store): the CLI holds its lock.
+/// A directory container must not be mounted (the daemon holds its store): the CLI holds its lock, or
+/// reads a snapshot its daemon wrote (`open(directory:snapshot:)`).
 public final class CopySource {
     public let header: [UInt8]
     public let containerId: [UInt8]
@@ -45,6 +46,15 @@ public final class CopySource {
                 throw error
             }
         }
+    }
+
+    /// The header of the container at `path` with the rows of `store`, a snapshot of its store.
+    public static func open(directory path: String, snapshot store: String) throws -> CopySource {
+        let c = try Container.open(at: path)
+        guard let header = FileManager.default.contents(atPath: c.headerPath) else {
+            throw ContainerError.unreadable(path, ContainerHeader.fileName)
+        }
+        return try opened([UInt8](header), try SQLiteBackend.open(at: store, readOnly: true))
     }
 
     private static func opened(_ header: [UInt8], _ backend: SQLiteBackend) throws -> CopySource {

@@ -12,8 +12,9 @@ struct CopyCommand: ParsableCommand {
         abstract: "Copy a container (header and sealed rows, no password needed) to a new directory or PostgreSQL schema.",
         discussion: """
             The copy is the same container (same id and keys): a backup, or a move between engines. The source is read \
-            in one snapshot: a directory container must not be mounted (its lock is held meanwhile); a PostgreSQL one is \
-            read in one REPEATABLE READ transaction, mounted or not. DEST must not exist (or be an empty directory): \
+            in one snapshot: an unmounted directory container under its lock, a mounted one from a snapshot its mount \
+            daemon writes (through its control socket) beside DEST and removed afterwards, a PostgreSQL one in one \
+            REPEATABLE READ transaction, mounted or not. DEST must not exist (or be an empty directory): \
             anything else is refused, except an unfinished copy of the same source, which is continued where it stopped \
             (started over if the source changed since). With --verify the copy is unlocked with the secret and every \
             entity is opened and checked as `coffer fsck` does (status 13 on a problem).
@@ -42,11 +43,12 @@ struct CopyCommand: ParsableCommand {
             }
             if verify { try secret.checkSource() }
             if case .directory(let path) = src { _ = try Container.open(at: path) }  // before any secret is asked
-            let sourceLock = try Self.lockIfDirectory(src, what: "SRC")
+            let (sourceLock, snapshot) = try Self.lockOrSnapshot(src, dst)
+            defer { snapshot?.taken.remove() }
             var given: Secret?
             defer { given?.bytes.wipe() }
             try withExtendedLifetime(sourceLock) {
-                let copySource = try CopySource.open(src)
+                let copySource = try snapshot.map { s in try CopySource.open(directory: s.root, snapshot: s.taken.storePath) } ?? CopySource.open(src)
                 defer { copySource.close() }
                 if verify { given = try secret.secret() }
                 if case .directory(let path) = dst, mkdir(path, 0o700) != 0, errno != EEXIST {
@@ -75,6 +77,24 @@ struct CopyCommand: ParsableCommand {
         if let b = env["COFFER_COPY_TEST_BATCH_BYTES"].flatMap(Int.init) { copier.batchBytes = b }
         if let n = env["COFFER_COPY_TEST_KILL_AFTER"].flatMap(Int.init) { copier.afterBatch = { if $0 >= n { kill(getpid(), SIGKILL) } } }
         do { return try copier.run() } catch let e as CopyRefusal { throw CLIFailure(message: e.description, code: ExitStatus.failure) }
+    }
+
+    /// A mounted directory source is read from a snapshot its daemon writes near the destination (its
+    /// parent directory, or $TMPDIR for PostgreSQL); any other source is locked or read as it is.
+    private static func lockOrSnapshot(_ src: ContainerLocation, _ dst: ContainerLocation) throws
+        -> (ContainerLock?, (root: String, taken: DaemonSnapshot)?)
+    {
+        do { return (try lockIfDirectory(src, what: "SRC"), nil) } catch let f as CLIFailure where f.code == ExitStatus.alreadyMounted {
+            guard case .directory(let path) = src else { throw f }
+            let root = Container.absolutePath(path)
+            let id = try Container.open(at: root).header.containerId
+            var near = ProcessInfo.processInfo.environment["TMPDIR"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? "/tmp"
+            if case .directory(let d) = dst { near = (Container.absolutePath(d) as NSString).deletingLastPathComponent }
+            guard let pid = ContainerLock.holder(root: root), let taken = try DaemonSnapshot.take(containerId: id, daemon: pid, near: near) else {
+                throw f
+            }
+            return (nil, (root, taken))
+        }
     }
 
     /// The container's lock for a directory that exists: a mounted source (its daemon holds the store

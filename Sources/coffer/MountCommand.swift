@@ -208,7 +208,15 @@ struct MountCommand: ParsableCommand {
                 logger.error("unmounting: \(why)")
                 fuse.requestExit()
             }
-            return PreparedMount(fuse: fuse, fs: fs, keys: keys, lock: lock, containerRoot: c.root, mountpoint: mnt)
+            let prepared = PreparedMount(fuse: fuse, fs: fs, keys: keys, lock: lock, containerRoot: c.root, mountpoint: mnt)
+            if case .directory = c.location {
+                // `coffer copy` of this mount: everything written so far is committed, then copied sealed.
+                prepared.control = ControlServer(containerId: c.header.containerId, logger: logger) { [fs, store] path in
+                    if !store.readOnly { try fs.commit() }
+                    try store.snapshot(into: path)
+                }
+            }
+            return prepared
         } catch {
             keys.wipe()
             throw error
@@ -289,6 +297,8 @@ final class PreparedMount: @unchecked Sendable {
     let lock: ContainerClaim
     let containerRoot: String
     let mountpoint: String
+    /// A directory container's control socket (ControlServer); stopped before the store closes.
+    var control: ControlServer?
 
     init(fuse: FUSEMount, fs: CofferFileSystem, keys: ContainerKeys, lock: ContainerClaim, containerRoot: String, mountpoint: String) {
         self.fuse = fuse
@@ -300,7 +310,16 @@ final class PreparedMount: @unchecked Sendable {
     }
 
     func run(onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) throws {
-        do { try fuse.run(onReady: onReady, onStopping: onStopping) } catch {
+        let control = self.control
+        do {
+            try fuse.run(
+                onReady: onReady,
+                onStopping: {
+                    control?.stop()
+                    onStopping()
+                })
+        } catch {
+            control?.stop()
             keys.wipe()
             throw CLIFailure(message: "\(error)", code: ExitStatus.mountFailed)
         }
@@ -308,6 +327,7 @@ final class PreparedMount: @unchecked Sendable {
 
     /// After the loop (the store is closed): the keys go, and a lease is given back.
     func finish() {
+        control?.stop()
         keys.wipe()
         lock.release()
     }

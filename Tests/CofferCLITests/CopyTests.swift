@@ -194,21 +194,4 @@ struct CopyTests {
         #expect(r.status == 13, "\(r)")
         #expect(r.stderr.contains("verify: the copy has") && r.stdout.contains("inode"), "\(r)")
     }
-
-    @Test func mountedSourceIsRefused() throws {
-        let sb = try Sandbox("copymounted")
-        defer { sb.cleanup() }
-        try sb.initAndMount()
-        try E2E.write(sb.mnt + "/f.txt", "data")
-        let copy = sb.root + "/copy"
-        let r = Self.copy([sb.container, copy])
-        #expect(r.status == 15 && r.stderr.contains("container is mounted (pid") && r.stderr.contains("unmount it first"), "\(r)")
-        #expect(access(copy, F_OK) != 0, "nothing was created")
-        #expect(E2E.readText(sb.mnt + "/f.txt") == "data")
-        #expect(sb.unmount().ok)
-        #expect(Self.copy([sb.container, copy]).ok, "copies once unmounted")
-        // A missing source is said before any password is asked.
-        let missing = E2E.onTerminal([E2E.coffer, "copy", sb.root + "/missing", sb.root + "/x", "--verify"], answers: [])
-        #expect(missing.status == 10 && !missing.stdout.contains("assword: ") && access(sb.root + "/x", F_OK) != 0, "\(missing)")
-    }
 }

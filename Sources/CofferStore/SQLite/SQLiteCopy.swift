@@ -30,3 +30,15 @@ extension SQLiteBackend {
         }
     }
 }
+
+/// A mounted store copied by its own daemon (`coffer copy` of a mounted container): no other process
+/// can open it (unix-excl VFS).
+extension SQLiteBackend {
+    /// Writes the last committed state to `path` (an empty file or none) with `VACUUM INTO`, on a reader
+    /// connection: one read transaction, so the copy is consistent and the writer is never held up.
+    public func snapshot(into path: String) throws(StoreError) {
+        do {
+            try pool.unsafeRead { db in try db.execute(sql: "VACUUM INTO ?", arguments: [path]) }
+        } catch { throw StoreError.sqlite(error) }
+    }
+}
