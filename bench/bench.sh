@@ -280,7 +280,7 @@ for (w, u), d in val.items():
     if pgs:
         line += ratio(d, "coffer-pg", "gocryptfs-sshfs", w, u, PG_SSHFS) if u in ("s", "MB/s", "IOPS") else "%18s" % "-"
     if pgc:
-        line += ratio(d, "coffer-pg", "coffer", w, u, PG_COFFER if u == "s" else {})
+        line += ratio(d, "coffer-pg", "coffer", w, u, PG_COFFER if u == "s" else {}) if u in ("s", "MB/s", "IOPS") else "%18s" % "-"
     print(line)
 print("(coffer/gocrypt: how many times better Coffer is; for times, gocryptfs time / Coffer time)")
 if pgs:
