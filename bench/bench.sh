@@ -164,7 +164,12 @@ umount_subject() {
     local m; m=$(mnt_of "$1")
     if [ -n "$(bin_of "$1")" ]; then "$(bin_of "$1")" unmount "$m"; else fusermount3 -u "$m"; fi
     wait_unmounted "$m"
-    if [ "$1" = gocryptfs-sshfs ]; then m=$(sshfs_of "$1"); fusermount3 -u "$m"; wait_unmounted "$m"; fi
+    # sshfs stays busy until the gocryptfs process (gone from the mount table already) has exited
+    if [ "$1" = gocryptfs-sshfs ]; then
+        m=$(sshfs_of "$1")
+        for _ in $(seq 50); do fusermount3 -u "$m" 2>/dev/null && break; sleep 0.1; done
+        wait_unmounted "$m"
+    fi
 }
 cleanup() {
     for s in $SUBJECTS; do
