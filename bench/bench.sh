@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # bench.sh - Coffer side by side with a plain directory and gocryptfs (and securefs/cryfs if
 # installed) on the same disk, in one run; prints a table with ratios.
+# Also, when PostgreSQL / openssh-server + sshfs are installed, coffer-pg (a Coffer container in a
+# private PostgreSQL cluster this script starts on a private port and socket directory) and
+# gocryptfs-sshfs (gocryptfs over sshfs to a loopback sshd this script starts, with a temporary key);
+# both servers are stopped at the end, also on failure. Their data lives under BENCH_WORKDIR too.
 #
 # Usage: bench/bench.sh [--quick] [--only coffer,gocryptfs] [--coffer-opts "-o writeback_cache"]
 #        [--coffer-b PATH] [--label-a NAME] [--label-b NAME]
@@ -16,6 +20,9 @@
 #   mount (s), seq_write dd 1M + fsync (MB/s), seq_read after remount (MB/s), untar corpus (s),
 #   ls_lR (s), read_all: cat every file (s), rm_rf (s), fio 4 KiB randwrite / randread, psync,
 #   1 job (IOPS), coffer daemon peak RSS while streaming a write and a read (MiB).
+# Ratios (issue 16): pg/sshfs = coffer-pg vs gocryptfs-sshfs (times: coffer-pg time / sshfs time,
+#   target <= 0.25 for untar, ls_lR, read_all, rm_rf; MB/s: coffer-pg / sshfs, target >= 2);
+#   pg/coffer = coffer-pg time / coffer time (small-file work, target <= 3).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=0; ONLY=""; COFFER_OPTS=""; COFFER_B=${COFFER_B:-}; LABEL_A=coffer; LABEL_B=coffer-b
@@ -27,7 +34,7 @@ while [ $# -gt 0 ]; do
         --coffer-b) COFFER_B=$2; shift ;;
         --label-a) LABEL_A=$2; shift ;;
         --label-b) LABEL_B=$2; shift ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "bench: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -46,6 +53,9 @@ SUBJECTS="plain coffer"
 [ -n "$COFFER_B" ] && SUBJECTS="$SUBJECTS coffer-b"
 command -v gocryptfs >/dev/null && SUBJECTS="$SUBJECTS gocryptfs"
 command -v securefs >/dev/null && SUBJECTS="$SUBJECTS securefs"
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+[ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ] && SUBJECTS="$SUBJECTS coffer-pg"
+command -v gocryptfs >/dev/null && command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] && SUBJECTS="$SUBJECTS gocryptfs-sshfs"
 [ -n "$ONLY" ] && SUBJECTS="plain ${ONLY//,/ }"
 case " $SUBJECTS " in *" coffer-b "*) [ -n "$COFFER_B" ] || { echo "bench: subject coffer-b needs --coffer-b PATH" >&2; exit 2; } ;; esac
 
@@ -70,15 +80,71 @@ CFILES=$(tar -tvf "$CORPUS" | grep -c '^-')
 # ---- subjects
 declare -A PID=()
 # The Coffer binary of a Coffer subject (coffer, coffer-b), empty for the others.
-bin_of() { case $1 in coffer) echo "$COFFER" ;; coffer-b) echo "$COFFER_B" ;; esac; }
+bin_of() { case $1 in coffer|coffer-pg) echo "$COFFER" ;; coffer-b) echo "$COFFER_B" ;; esac; }
 dir_of() { echo "$RUN/$1"; }
 mnt_of() { if [ "$1" = plain ]; then echo "$RUN/plain/data"; else echo "$RUN/$1/mnt"; fi; }
+# A Coffer subject's container: a directory, or for coffer-pg a libpq URI (set by start_pg).
+PGURI=""
+cont_of() { if [ "$1" = coffer-pg ]; then echo "$PGURI"; else echo "$(dir_of "$1")/c"; fi; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# ---- servers (started only for the subjects that need them; stopped by cleanup)
+PGROOT=""; PGPORT=""; SSHDIR=""; SSHD_PID=""; SSHPORT=""
+start_pg() {   # a private cluster: initdb as postgres, own port and socket directory, as the tests do
+    PGROOT=$(mktemp -d "$WORK/pg.XXXX"); chown postgres:postgres "$PGROOT"; PGPORT=$(free_port)
+    runuser -u postgres -- "$PGBIN/initdb" -D "$PGROOT/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
+        --no-sync -E UTF8 --locale=C > "$PGROOT/initdb.log" 2>&1 || { cat "$PGROOT/initdb.log" >&2; return 1; }
+    printf "port = %s\nunix_socket_directories = '%s'\nlisten_addresses = '127.0.0.1'\n" "$PGPORT" "$PGROOT" >> "$PGROOT/data/postgresql.auto.conf"
+    runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGROOT/data" -l "$PGROOT/server.log" -w -t 60 start > /dev/null || { cat "$PGROOT/server.log" >&2; return 1; }
+    runuser -u postgres -- "$PGBIN/createdb" -h "$PGROOT" -p "$PGPORT" -U postgres bench || return 1
+    PGURI="postgresql:///bench?host=$PGROOT&port=$PGPORT&user=postgres&container=bench"
+    log "PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}') on port $PGPORT, socket $PGROOT"
+}
+stop_pg() {
+    [ -n "$PGROOT" ] || return 0
+    if [ -f "$PGROOT/data/postmaster.pid" ]; then
+        runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGROOT/data" -m fast -w -t 60 stop > /dev/null 2>&1 \
+            || runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGROOT/data" -m immediate -w stop > /dev/null 2>&1
+    fi
+    rm -rf "$PGROOT"; PGROOT=""
+}
+start_sshd() { # a loopback sshd with its own host key, a temporary root key and a private known_hosts
+    SSHDIR=$(mktemp -d "$WORK/ssh.XXXX"); SSHPORT=$(free_port); mkdir -p /run/sshd; ssh_opts
+    ssh-keygen -q -t ed25519 -N '' -f "$SSHDIR/host_key" && ssh-keygen -q -t ed25519 -N '' -f "$SSHDIR/id" || return 1
+    cp "$SSHDIR/id.pub" "$SSHDIR/authorized_keys"
+    echo "[127.0.0.1]:$SSHPORT $(cut -d' ' -f1,2 "$SSHDIR/host_key.pub")" > "$SSHDIR/known_hosts"
+    /usr/sbin/sshd -D -e -p "$SSHPORT" -o ListenAddress=127.0.0.1 -h "$SSHDIR/host_key" -o PidFile=none \
+        -o AuthorizedKeysFile="$SSHDIR/authorized_keys" -o StrictModes=no -o PermitRootLogin=prohibit-password \
+        -o PasswordAuthentication=no 2> "$SSHDIR/sshd.log" &
+    SSHD_PID=$!
+    for _ in $(seq 50); do
+        ssh "${SSH_OPTS[@]}" root@127.0.0.1 true 2>/dev/null && { log "sshd pid $SSHD_PID on port $SSHPORT"; return 0; }
+        kill -0 "$SSHD_PID" 2>/dev/null || break; sleep 0.1
+    done
+    cat "$SSHDIR/sshd.log" >&2; return 1
+}
+stop_sshd() {
+    if [ -n "$SSHD_PID" ]; then kill "$SSHD_PID" 2>/dev/null; wait "$SSHD_PID" 2>/dev/null; SSHD_PID=""; fi
+    [ -n "$SSHDIR" ] && rm -rf "$SSHDIR"; SSHDIR=""
+}
+ssh_opts() {
+    SSH_OPTS=(-p "$SSHPORT" -i "$SSHDIR/id" -o IdentitiesOnly=yes -o UserKnownHostsFile="$SSHDIR/known_hosts"
+              -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o BatchMode=yes)
+}
+SSH_OPTS=()
+sshfs_of() { echo "$(dir_of "$1")/sshfs"; }   # the sshfs mount that gocryptfs-sshfs's ciphertext is in
+mount_sshfs() {
+    sshfs -p "$SSHPORT" -o IdentityFile="$SSHDIR/id",IdentitiesOnly=yes,UserKnownHostsFile="$SSHDIR/known_hosts" \
+        -o GlobalKnownHostsFile=/dev/null,StrictHostKeyChecking=yes,BatchMode=yes "root@127.0.0.1:$(dir_of "$1")/remote" "$(sshfs_of "$1")"
+}
 init_subject() {
     local d; d=$(dir_of "$1"); mkdir -p "$d/mnt" "$d/data"
     case $1 in
         plain) ;;
-        coffer|coffer-b) "$(bin_of "$1")" init --passfile "$PASS" --no-recovery-key "$d/c" > /dev/null ;;
+        coffer|coffer-b|coffer-pg) "$(bin_of "$1")" init --passfile "$PASS" --no-recovery-key "$(cont_of "$1")" > /dev/null ;;
         gocryptfs) gocryptfs -init -q -passfile "$PASS" "$d/data" > /dev/null ;;
+        gocryptfs-sshfs) mkdir -p "$d/remote" "$d/sshfs" && mount_sshfs "$1" && mkdir "$d/sshfs/data" \
+            && gocryptfs -init -q -passfile "$PASS" "$d/sshfs/data" > /dev/null; fusermount3 -u "$d/sshfs" ;;
         securefs) securefs create --pass "$(cat "$PASS")" "$d/data" > /dev/null 2>&1 ;;
     esac
 }
@@ -86,20 +152,34 @@ mount_subject() {
     local d; d=$(dir_of "$1")
     case $1 in
         plain) return 0 ;;
-        coffer|coffer-b) "$(bin_of "$1")" mount --passfile "$PASS" $COFFER_OPTS "$d/c" "$d/mnt" ;;
+        coffer|coffer-b|coffer-pg) "$(bin_of "$1")" mount --passfile "$PASS" $COFFER_OPTS "$(cont_of "$1")" "$d/mnt" ;;
         gocryptfs) gocryptfs -q -passfile "$PASS" "$d/data" "$d/mnt" ;;
+        gocryptfs-sshfs) mount_sshfs "$1" && gocryptfs -q -passfile "$PASS" "$d/sshfs/data" "$d/mnt" ;;
         securefs) securefs mount -b --pass "$(cat "$PASS")" --log "$d/securefs.log" "$d/data" "$d/mnt" > /dev/null 2>&1; for _ in $(seq 100); do mountpoint -q "$d/mnt" && break; sleep 0.1; done ;;
     esac
 }
+wait_unmounted() { for _ in $(seq 50); do mountpoint -q "$1" || return 0; sleep 0.1; done; fusermount3 -uz "$1"; }
 umount_subject() {
     [ "$1" = plain ] && return 0
     local m; m=$(mnt_of "$1")
     if [ -n "$(bin_of "$1")" ]; then "$(bin_of "$1")" unmount "$m"; else fusermount3 -u "$m"; fi
-    for _ in $(seq 50); do mountpoint -q "$m" || return 0; sleep 0.1; done
-    fusermount3 -uz "$m"
+    wait_unmounted "$m"
+    # sshfs stays busy until the gocryptfs process (gone from the mount table already) has exited
+    if [ "$1" = gocryptfs-sshfs ]; then
+        m=$(sshfs_of "$1")
+        for _ in $(seq 50); do fusermount3 -u "$m" 2>/dev/null && break; sleep 0.1; done
+        wait_unmounted "$m"
+    fi
 }
-cleanup() { for s in $SUBJECTS; do m=$(mnt_of "$s"); mountpoint -q "$m" 2>/dev/null && umount_subject "$s"; done; }
+cleanup() {
+    for s in $SUBJECTS; do
+        m=$(mnt_of "$s"); mountpoint -q "$m" 2>/dev/null && umount_subject "$s"
+        [ "$s" = gocryptfs-sshfs ] && mountpoint -q "$(sshfs_of "$s")" 2>/dev/null && fusermount3 -uz "$(sshfs_of "$s")"
+    done
+    stop_sshd; stop_pg
+}
 trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 remount() { umount_subject "$1"; drop; mount_subject "$1"; }
 t() { local a b; a=$(date +%s%N); "$@" > /dev/null 2>&1; b=$(date +%s%N); awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }
@@ -107,11 +187,20 @@ rec() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RES"; }
 # A Coffer subject's daemon: the holder of the flock on its container (the directory itself since
 # the lock file went, coffer.lock in earlier versions), from the kernel's lock table.
 coffer_pid() {
-    local c ino; c="$(dir_of "$1")/c"
+    local c ino p; c="$(dir_of "$1")/c"
+    if [ "$1" = coffer-pg ]; then  # no lock file: the process of this binary with the mountpoint among its arguments
+        for p in /proc/[0-9]*; do
+            [ "$(readlink "$p/exe" 2>/dev/null)" = "$(readlink -f "$COFFER")" ] || continue
+            tr '\0' '\n' < "$p/cmdline" 2>/dev/null | grep -qxF "$(mnt_of "$1")" && { echo "${p#/proc/}"; return; }
+        done
+        return
+    fi
     if [ -f "$c/coffer.lock" ]; then ino=$(stat -c %i "$c/coffer.lock"); else ino=$(stat -c %i "$c"); fi
     awk -v ino="$ino" '$2 == "FLOCK" && $3 == "ADVISORY" { n = split($6, a, ":"); if (a[n] == ino) { print $5; exit } }' /proc/locks
 }
 
+case " $SUBJECTS " in *" coffer-pg "*) start_pg || { echo "bench: cannot start PostgreSQL" >&2; exit 1; } ;; esac
+case " $SUBJECTS " in *" gocryptfs-sshfs "*) start_sshd || { echo "bench: cannot start sshd" >&2; exit 1; } ;; esac
 log "subjects: $SUBJECTS; corpus $CFILES files; streaming $SEQ_MB MiB; fio ${FIO_RT}s on $FIO_MB MiB"
 for s in $SUBJECTS; do init_subject "$s"; drop; rec "$s" mount "$(t mount_subject "$s")" s; done
 
@@ -171,14 +260,38 @@ def better(d, a, b, u):   # how many times better a is than b (> 1: a better)
         return "%15.2fx" % ((y / x) if u == "s" else (x / y))
     except Exception:
         return "%16s" % "-"
-print("%-14s %-6s" % ("workload", "unit") + "".join("%12s" % label.get(s, s) for s in subjects) + "%16s" % "coffer/gocrypt"
-      + ("%16s" % "coffer/coffer-b" if ab else ""))
+# Issue 16's ratios: plain a/b of the values (times or rates), with the target where there is one.
+SMALL = ("untar", "ls_lR", "read_all", "rm_rf")
+def ratio(d, a, b, w, u, targets):
+    try:
+        r = float(d[a]) / float(d[b])
+    except Exception:
+        return "%18s" % "-"
+    t = targets.get(w)
+    mark = "" if t is None else (" ok" if t(r) else " MISS")
+    return "%18s" % ("%.2fx%s" % (r, mark))
+PG_SSHFS = {w: (lambda r: r <= 0.25) for w in SMALL}
+PG_SSHFS.update({"seq_write": lambda r: r >= 2, "seq_read": lambda r: r >= 2})
+PG_COFFER = {w: (lambda r: r <= 3) for w in SMALL}
+pgs = "coffer-pg" in subjects and "gocryptfs-sshfs" in subjects
+pgc = "coffer-pg" in subjects and "coffer" in subjects
+W = max([12] + [len(label.get(s, s)) + 2 for s in subjects])
+print("%-18s %-6s" % ("workload", "unit") + "".join("%*s" % (W, label.get(s, s)) for s in subjects) + "%16s" % "coffer/gocrypt"
+      + ("%16s" % "coffer/coffer-b" if ab else "") + ("%18s" % "pg/sshfs" if pgs else "") + ("%18s" % "pg/coffer" if pgc else ""))
 for (w, u), d in val.items():
-    line = "%-14s %-6s" % (w, u) + "".join("%12s" % d.get(s, "-") for s in subjects) + better(d, "coffer", "gocryptfs", u)
+    line = "%-18s %-6s" % (w, u) + "".join("%*s" % (W, d.get(s, "-")) for s in subjects) + better(d, "coffer", "gocryptfs", u)
     if ab:
         line += better(d, "coffer", "coffer-b", u) if u in ("s", "MB/s", "IOPS") else "%16s" % "-"
+    if pgs:
+        line += ratio(d, "coffer-pg", "gocryptfs-sshfs", w, u, PG_SSHFS) if u in ("s", "MB/s", "IOPS") else "%18s" % "-"
+    if pgc:
+        line += ratio(d, "coffer-pg", "coffer", w, u, PG_COFFER if u == "s" else {}) if u in ("s", "MB/s", "IOPS") else "%18s" % "-"
     print(line)
 print("(coffer/gocrypt: how many times better Coffer is; for times, gocryptfs time / Coffer time)")
+if pgs:
+    print("(pg/sshfs: coffer-pg value / gocryptfs-sshfs value; targets: times <= 0.25x for untar, ls_lR, read_all, rm_rf; seq MB/s >= 2x)")
+if pgc:
+    print("(pg/coffer: coffer-pg value / coffer value; target: times <= 3x for untar, ls_lR, read_all, rm_rf)")
 if ab:
     print("(coffer/coffer-b: how many times better %s is than %s, the same way; RSS rows not compared)" % (label["coffer"], label["coffer-b"]))
 PY
