@@ -88,7 +88,9 @@ final class ContainerClaim: @unchecked Sendable {
         guard let lease else { return }
         let t = Thread { [self] in
             var failing = false
-            while !waitStop(PostgresLease.renewEvery) {
+            // While renewals fail, retry every second: a server back after a 20 s restart must not
+            // find the lease lapsed because the next try was 7.5 s away.
+            while !waitStop(failing ? 1 : PostgresLease.renewEvery) {
                 do {
                     try lease.renew()
                     if failing { logger.notice("the container's lease is renewed again") }
@@ -107,10 +109,15 @@ final class ContainerClaim: @unchecked Sendable {
         t.start()
     }
 
+    /// Waits on the monotonic clock (a wall clock stepped back must not delay a renewal).
     private func waitStop(_ seconds: Double) -> Bool {
         stopped.lock()
         defer { stopped.unlock() }
-        if !stopping { _ = stopped.wait(until: Date().addingTimeInterval(seconds)) }
+        let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1000))
+        while !stopping, ContinuousClock.now < deadline {
+            // Short real-time waits, each checked against the monotonic deadline.
+            _ = stopped.wait(until: Date().addingTimeInterval(min(0.25, seconds)))
+        }
         return stopping
     }
 
