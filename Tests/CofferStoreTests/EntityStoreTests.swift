@@ -120,6 +120,32 @@ struct EntityStoreTests {
         }
     }
 
+    /// A hostile store puts a value that is no blob (an integer) into an entry and an xattr row: the
+    /// row is reported damaged and keeps its place, instead of being skipped (hidden) or trapping
+    /// GRDB's conversion.
+    @Test func nonBlobValuesAreReportedNotHidden() throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(in: dir)
+            defer { store.close() }
+            try store.putEntry(parent: 1, DirectoryEntryRecord(name: b("good"), ino: 5, type: 0o100000))
+            try store.putEntry(parent: 1, DirectoryEntryRecord(name: b("bad"), ino: 6, type: 0o100000))
+            try store.putXattr(5, name: b("user.x"), value: b("v"))
+            try store.commit()
+            let badTag = store.nameTag(1, b("bad"))
+            try store.sqlite.write { db in
+                try db.execute(sql: "UPDATE dirents SET value = 42 WHERE tag = ?", arguments: [Data(badTag)])
+                try db.execute(sql: "UPDATE xattrs SET value = 7")
+            }
+            var damaged: [StoreError] = []
+            let page = try store.entryPage(parent: 1, from: [], limit: -1) { damaged.append($0) }
+            #expect(page.count == 2, "the damaged entry keeps its place")
+            #expect(page.first { $0.tag == badTag }?.record == nil)
+            #expect(damaged.count == 1 && damaged.first?.authenticationFailureKind == .directoryEntry, "\(damaged)")
+            #expect(try store.entries(parent: 1).map(\.name) == [b("good")])
+            #expect(throws: StoreError.self) { _ = try store.xattrs(5) }
+        }
+    }
+
     /// A clean close leaves the store file alone: no WAL, no -shm, no space reserve for a sync tool to
     /// upload (issue 18). While open they exist; the store reopens from the one file.
     @Test func aCleanCloseLeavesOnlyTheStoreFile() throws {
