@@ -24,6 +24,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         public var commitInterval: Duration = .seconds(1)
         /// ... or once this many bytes are waiting.
         public var commitVolume = 16 << 20
+        /// One of several mounts of a shared container (PostgreSQL): records are read again once the
+        /// store changed under this mount (`storeEpoch`), and `SharedMount` runs each change as a group
+        /// of its own. Set with `store.shareWithOtherMounts` done before.
+        public var coherent = false
+        /// Remove what a crashed session left unlinked but open (false while other mounts may hold such files).
+        public var removesOrphans = true
         public init() {}
     }
 
@@ -46,6 +52,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     var reapsWhenQuiet = false
     /// The committer thread's last look at `forgetsSeen`.
     var quietMark: UInt64 = 0
+    /// Counts the store's changes by other mounts (`EntityStore.onForeignChange`): a record read
+    /// before the last one is read again before use (`state`). Only coherent mounts count.
+    let storeEpoch = Atomic<UInt64>(0)
     /// Set by the store's `onRollback` (on whatever thread hit it): the errno the lost changes report.
     private let rolledBack = Mutex<FSError?>(nil)
     private var stopped = false
@@ -74,7 +83,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             // A full disk is ENOSPC; a lost server or anything else is EIO.
             self?.rolledBack.withLock { $0 = error == .diskFull ? .noSpace : .io }
         }
-        if !options.readOnly { try removeOrphans() }
+        if options.coherent {
+            store.onForeignChange = { [weak self] in self?.storeEpoch.add(1, ordering: .acquiringAndReleasing) }
+        }
+        if !options.readOnly && options.removesOrphans { try removeOrphans() }
     }
 
     /// Starts the background group committer (the mount does; unit tests may commit by hand).
@@ -163,13 +175,39 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     func state(_ ino: InodeNumber) throws(FSError) -> InodeState {
         if let e = rolledBack.withLock({ $0 }) { reloadAfterRollback(e) }
-        if let s = inodes[ino] { return s }
+        let epoch = storeEpoch.load(ordering: .acquiring)
+        if let s = inodes[ino] {
+            if s.epoch != epoch && options.coherent { try refresh(s, epoch: epoch) }
+            return s
+        }
         let record: InodeRecord?
         do { record = try store.inode(ino) } catch { throw fsError(error, "inode \(ino)") }
         guard let record else { throw .notFound }
         let s = InodeState(ino: ino, record: record)
+        s.epoch = epoch
         inodes[ino] = s
         return s
+    }
+
+    /// Another mount changed the store since this record was read: read it again (`epoch`: the count
+    /// taken before the read). A record changed here and not yet written is this mount's to write (a
+    /// group of this mount is open, so nobody else committed since). A file removed elsewhere is
+    /// ESTALE from then on, as on NFS.
+    private func refresh(_ s: InodeState, epoch: UInt64) throws(FSError) {
+        guard !s.dirty, s.tail == nil, !s.deleted else { return }
+        if s.goneElsewhere { throw FSError(ESTALE) }
+        let record: InodeRecord?
+        do { record = try store.inode(s.ino) } catch { throw fsError(error, "inode \(s.ino)") }
+        s.epoch = epoch
+        guard let record else {
+            s.goneElsewhere = true
+            throw FSError(ESTALE)
+        }
+        guard record != s.record else { return }
+        if record.contentId != s.record.contentId { s.wipeCipher() }
+        s.record = record
+        s.dropChunkMap()
+        s.changedElsewhere = true
     }
 
     func directory(_ ino: InodeNumber) throws(FSError) -> InodeState {
@@ -330,6 +368,22 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             usleep(5_000)
         }
     }
+
+    // MARK: Several mounts (SharedMount)
+
+    /// Begins this mount's group transaction with the container's writer lock: what follows is decided
+    /// on what every mount committed. A rollback met here is EIO (logged).
+    func beginGroup() throws(FSError) {
+        do { try store.beginGroup() } catch { throw fsError(error) }
+    }
+
+    /// Commits the group (the changed records first); `durable` waits for the server's disk.
+    func commitGroup(durable: Bool) throws(FSError) {
+        try meta.withLock { () throws(FSError) in try commitLocked(durable: durable) }
+    }
+
+    /// Every cached record is read again before its next use (a read found chunks its map did not name).
+    func forgetCachedRecords() { storeEpoch.add(1, ordering: .acquiringAndReleasing) }
 
     private func commitLocked(durable: Bool) throws(FSError) {
         do {

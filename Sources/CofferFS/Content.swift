@@ -17,8 +17,16 @@ extension CofferFileSystem {
             return s
         }
         if flags & O_TRUNC != 0 && s.isRegular { try truncate(s, to: 0) }
-        // The kernel's page cache stays valid across opens: every change goes through us.
-        return OpenResult(handle: .none, keepCache: true)
+        guard options.coherent else {
+            // The kernel's page cache stays valid across opens: every change goes through us.
+            return OpenResult(handle: .none, keepCache: true)
+        }
+        // Another mount changed the file since the kernel last saw it: its pages and attributes go.
+        let changed = meta.withLock {
+            defer { s.changedElsewhere = false }
+            return s.changedElsewhere
+        }
+        return OpenResult(handle: .none, keepCache: !changed, attributesChanged: changed)
     }
 
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
@@ -39,6 +47,11 @@ extension CofferFileSystem {
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
         guard !options.readOnly else { return }
         try commit()
+        try checkWriteError(ino)
+    }
+
+    /// Reports (once) that changes to this file were lost when the store dropped a group.
+    func checkWriteError(_ ino: InodeNumber) throws(FSError) {
         try meta.withLock { () throws(FSError) in
             if let s = inodes[ino], let e = s.writeError {
                 s.writeError = nil

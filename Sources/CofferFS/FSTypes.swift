@@ -200,14 +200,18 @@ public struct OpenResult: Sendable {
     public var handle: HandleID
     /// True when the file did not change since the kernel last cached it: keep its page cache.
     public var keepCache: Bool
-    public init(handle: HandleID, keepCache: Bool) {
+    /// The file changed since the kernel last got its attributes (another mount changed it): the
+    /// kernel's copy goes too, so that the open reads the new size.
+    public var attributesChanged: Bool
+    public init(handle: HandleID, keepCache: Bool, attributesChanged: Bool = false) {
         self.handle = handle
         self.keepCache = keepCache
+        self.attributesChanged = attributesChanged
     }
 }
 
-/// Cache lifetimes the adapter should hand to the kernel (seconds). The filesystem layer is the only writer
-/// to its store while mounted, so long timeouts stay correct.
+/// Cache lifetimes the adapter should hand to the kernel (seconds). A mount alone on its store is the only
+/// writer to it, so long timeouts stay correct; one of several mounts (`SharedMount`) keeps them short.
 public struct CacheTimeouts: Sendable {
     public var entry: Double
     public var attributes: Double

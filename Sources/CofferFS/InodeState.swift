@@ -23,6 +23,12 @@ final class InodeState: @unchecked Sendable {
     /// Where the kernel last found this inode (directory and name): only to name a damaged file
     /// in debug-level log lines (names are never logged above debug).
     var location: (parent: InodeNumber, name: [UInt8])?
+    /// Coherent mounts: the store change count (`CofferFileSystem.storeEpoch`) when the record was
+    /// last read; `changedElsewhere`: another mount changed it since the kernel was last told
+    /// (the next open drops the kernel's pages and attributes); `goneElsewhere`: another mount removed it.
+    var epoch: UInt64 = 0
+    var changedElsewhere = false
+    var goneElsewhere = false
     /// The last chunk while it is being appended to (see TailChunk).
     var tail: TailChunk?
     private var cachedCipher: ContentCipher?

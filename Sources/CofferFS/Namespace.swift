@@ -104,6 +104,7 @@ extension CofferFileSystem {
             }
         } catch { throw fsError(error, "an entry of directory \(parent)") }
         let s = InodeState(ino: ino, record: record)
+        s.epoch = storeEpoch.load(ordering: .acquiring)
         s.dirty = true
         if isDir { dir.record.nlink += 1 }
         dir.record.mtime = now

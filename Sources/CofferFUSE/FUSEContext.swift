@@ -23,6 +23,20 @@ final class FUSEContext: @unchecked Sendable {
     /// Hands the rest of each decrypted chunk to the kernel's page cache; read-only mounts only (PageCacheFiller).
     let pageFiller: PageCacheFiller?
     private let shutdownDone = Atomic<Bool>(false)
+    /// The session while its loop runs: for telling the kernel what changed elsewhere (`dropAttributes`).
+    let session = Mutex<SessionPointer?>(nil)
+    struct SessionPointer: @unchecked Sendable { let pointer: OpaquePointer }
+
+    /// Drops the kernel's attributes of an inode (not its pages: an open without keep_cache does that),
+    /// so that the next read asks for the size. Called from an OPEN, which is not among the operations
+    /// the kernel may hold locks for while this runs (libfuse: fuse_lowlevel_notify_inval_inode); a
+    /// negative offset leaves the page cache alone, so it takes no page lock either.
+    func dropAttributes(_ ino: UInt64) {
+        session.withLock { s in
+            guard let s else { return }
+            _ = fuse_lowlevel_notify_inval_inode(s.pointer, ino, -1, 0)
+        }
+    }
 
     init(
         fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,

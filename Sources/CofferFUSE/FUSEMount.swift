@@ -234,6 +234,7 @@ public final class FUSEMount: @unchecked Sendable {
             ])
 
         ctx.pageFiller?.start(session: se)
+        ctx.session.withLock { $0 = FUSEContext.SessionPointer(pointer: se) }
         startWatcher(deviceBefore: deviceBefore, context: ctx, onReady: onReady)
 
         let result: Int32
@@ -250,6 +251,7 @@ public final class FUSEMount: @unchecked Sendable {
             fuse_loop_cfg_destroy(config)
         }
         // Stop answering, then unmount and destroy (deferred above), which calls shutdown.
+        ctx.session.withLock { $0 = nil }
         state.withLock {
             $0.phase = .finished
             $0.session = nil

@@ -22,6 +22,7 @@ extension LowLevelOps {
             if ctx.fs.opensWithoutHandles { throw FSError(ENOSYS) }
             if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_OPEN_KILL_SUIDGID (O_TRUNC)
             let result = try ctx.fs.open(ino, flags: effectiveFlags(ctx, fi.pointee.flags), caller: caller(req))
+            if result.attributesChanged { ctx.dropAttributes(ino) }
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
             // Closing needs no round trip: the filesystem's flush does nothing (changes go out

@@ -45,6 +45,13 @@ public final class Container: @unchecked Sendable {
         }
     }
 
+    /// Whether other mounts (other machines) may use the container while this one does: a container in
+    /// PostgreSQL (any number of mounts); a directory container has one mount at a time.
+    public var isShared: Bool {
+        if case .postgres = location { return true }
+        return false
+    }
+
     /// The container's entity store over its engine: the SQLite file beside the header, or the
     /// schema's tables. `reconnectWait`: how long a PostgreSQL store waits for a lost server.
     public func openStore(
@@ -56,6 +63,8 @@ public final class Container: @unchecked Sendable {
         case .postgres(let p):
             let backend = try PostgresBackend.open(p, readOnly: readOnly, reconnectWait: reconnectWait)
             backend.fenceHolder = leaseHolder
+            // Mounts and fsck hold a lease; a mount shares the container with any number of others.
+            backend.coherent = leaseHolder != nil && !readOnly
             return try EntityStore.open(backend, keys: keys, registry: registry)
         }
     }

@@ -36,6 +36,14 @@ public final class EntityStore: @unchecked Sendable {
 
     private let closed = Atomic<Bool>(false)
 
+    /// The newest generation this machine saw durable (the rollback ledger's, then every durable
+    /// commit's): a state below it, met while mounted, is a rollback and is refused.
+    private let durableFloor = Mutex<UInt64>(0)
+    /// Called when the store changed under this mount (another mount committed, or the server lost
+    /// commits that were not yet durable): what the layers above cached must be read again.
+    public var onForeignChange: (@Sendable () -> Void)?
+    public var isCoherent: Bool { (backend as? PostgresBackend)?.coherent ?? false }
+
     private init(backend: any StoreBackend, keys: ContainerKeys, registry: TransformerRegistry) {
         self.backend = backend
         self.keys = keys
@@ -144,7 +152,55 @@ public final class EntityStore: @unchecked Sendable {
             throw error
         }
         if committed { committedGeneration.withLock { $0 = next } }
-        if durable, let onCommit { onCommit(generation) }
+        if durable {
+            durableFloor.withLock { $0 = max($0, generation) }
+            onCommit?(generation)
+        }
+    }
+
+    // MARK: Several mounts (CoherentBackend)
+
+    /// Makes the store one of several mounts of a coherent engine's container: every group begins by
+    /// checking the state read under the writer lock (`observe`), and other mounts' commits call
+    /// `onForeignChange` as they are heard. `floor`: the newest generation this machine saw durable.
+    public func shareWithOtherMounts(floor: UInt64) {
+        durableFloor.withLock { $0 = max($0, floor) }
+        guard let backend = backend as? CoherentBackend else { return }
+        backend.onGroupBegin = { [weak self] sealed throws(StoreError) in try self?.observe(sealed) }
+        backend.listen { [weak self] in self?.onForeignChange?() }
+    }
+
+    /// Begins a group transaction now (the writer lock held, every other mount's commits seen), so
+    /// that what the caller decides next is decided on the committed state. Nothing on other engines.
+    public func beginGroup() throws(StoreError) {
+        guard !readOnly, let backend = backend as? CoherentBackend else { return }
+        try backend.beginGroup()
+    }
+
+    /// Looks at the state committed on the server now (one round trip) and reports, through
+    /// `onForeignChange`, a change since this mount last looked. True when there was one.
+    @discardableResult
+    public func catchUp() throws(StoreError) -> Bool {
+        guard let backend = backend as? CoherentBackend, let sealed = try backend.committedState() else { return false }
+        return try observe(sealed)
+    }
+
+    /// Opens a state row the server served and adopts its generation (the next commit writes one more).
+    /// Below the durable floor: a rollback, refused. Another generation than this mount's own: the store
+    /// changed under it (another mount committed; or the server lost commits that were not durable yet).
+    @discardableResult
+    func observe(_ sealed: [UInt8]?) throws(StoreError) -> Bool {
+        guard let sealed else { throw .notAStore("no store state") }
+        let record = try sealer.open(StoreStateTransformer(), sealed, id: Self.stateId, cipher: keys.metadata, describe: "store state")
+        guard constantTimeEqual(record.containerId, keys.containerId) else { throw .wrongContainer }
+        let floor = durableFloor.withLock { $0 }
+        guard record.generation >= floor else { throw .rolledBack(seen: floor, served: record.generation) }
+        let changed = committedGeneration.withLock { g in
+            defer { g = record.generation }
+            return g != record.generation
+        }
+        if changed { onForeignChange?() }
+        return changed
     }
 
     /// A consistent copy of the committed store (sealed rows only) in a new SQLite file at `path`; only

@@ -18,6 +18,9 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case unavailable(String)
     /// Another mount took over the container's lease (PostgreSQL): this one commits nothing more.
     case leaseLost
+    /// The store went back below a generation this machine saw durable while mounted (a hostile or
+    /// restored server): nothing is written over it.
+    case rolledBack(seen: UInt64, served: UInt64)
     case diskFull
     case readOnly
 
@@ -36,7 +39,10 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         case .sealingFailed(let why): return "sealing failed: \(why)"
         case .randomFailed: return "the random generator failed"
         case .unavailable(let why): return "the store's server cannot be reached: \(why)"
-        case .leaseLost: return "another mount took over the container's lease: nothing more is written from here"
+        case .leaseLost: return "this mount's lease on the container lapsed and the container was taken: nothing more is written from here"
+        case let .rolledBack(seen, served):
+            return
+                "the store went back to generation \(served) below generation \(seen), which this machine saw durable (a rollback): nothing is written over it"
         case .diskFull: return "no space left on the container's disk"
         case .readOnly: return "the store is open read-only"
         }

@@ -24,8 +24,9 @@ enum ContainerSource {
     static func argument(_ text: String) -> String { ContainerURI.isURI(text) ? text : Container.absolutePath(text) }
 }
 
-/// One mount (or fsck) per container: the directory's flock (ContainerLock) or, for a PostgreSQL
-/// container, the lease row (PostgresLease) that the daemon renews while it runs.
+/// A directory container's one mount (or fsck): its flock (ContainerLock). A PostgreSQL container's
+/// mount or fsck: a lease row (PostgresLease) that the daemon renews while it runs; any number of
+/// mounts share such a container, an fsck takes it alone.
 final class ContainerClaim: @unchecked Sendable {
     private let lock: ContainerLock?
     let lease: PostgresLease?
@@ -38,7 +39,7 @@ final class ContainerClaim: @unchecked Sendable {
         self.lease = lease
     }
 
-    /// Takes the container for `purpose` ("mount", "fsck"); exit 15 naming the holder when it is taken.
+    /// Takes the container for `purpose` ("mount", "fsck"); exit 15 naming the holder that keeps it out.
     static func take(_ c: Container, purpose: String) throws -> ContainerClaim {
         switch c.location {
         case .directory:
@@ -47,7 +48,7 @@ final class ContainerClaim: @unchecked Sendable {
         case .postgres(let p):
             do {
                 return ContainerClaim(lock: nil, lease: try PostgresLease.take(p, purpose: purpose, machine: machineId))
-            } catch PostgresLease.Failure.held(let h) { throw alreadyMounted(c, h) } catch {
+            } catch PostgresLease.Failure.held(let h) { throw alreadyMounted(c, h, purpose: purpose) } catch {
                 throw CLIFailure(message: "\(p.display): \(error)", code: ExitStatus.failure)
             }
         }
@@ -57,33 +58,37 @@ final class ContainerClaim: @unchecked Sendable {
     static func holder(_ c: Container) -> String? {
         switch c.location {
         case .directory: return ContainerLock.holder(root: c.root).map { "pid \($0 > 0 ? String($0) : "?")" }
-        case .postgres(let p): return PostgresLease.holder(p).map(\.description)
+        case .postgres(let p):
+            let holders = PostgresLease.holders(p)
+            return holders.isEmpty ? nil : holders.map(\.description).joined(separator: ", ")
         }
     }
 
-    /// Refuses (exit 15) when the container is held; a directory's finishing daemon is waited for first.
+    /// Refuses a mount (exit 15) when the container is held: a directory by any mount (its finishing
+    /// daemon is waited for first), a PostgreSQL container by an fsck.
     static func checkFree(_ c: Container) throws {
         switch c.location {
         case .directory:
             ContainerLock.awaitDaemonWithoutMount(root: c.root)
             if ContainerLock.holder(root: c.root) != nil { throw ContainerLock.alreadyMounted(root: c.root) }
         case .postgres(let p):
-            if let h = PostgresLease.holder(p), !h.isGone(machine: machineId) { throw alreadyMounted(c, h) }
+            if let h = PostgresLease.excluding(p, purpose: "mount", machine: machineId) { throw alreadyMounted(c, h, purpose: "mount") }
         }
     }
 
-    static func alreadyMounted(_ c: Container, _ h: PostgresLease.Holder) -> CLIFailure {
-        CLIFailure(
+    static func alreadyMounted(_ c: Container, _ h: PostgresLease.Holder, purpose: String) -> CLIFailure {
+        let rule = purpose == "fsck" ? "fsck runs only while nothing else uses the container" : "no mount while an fsck runs"
+        return CLIFailure(
             message:
-                "the container \(c.root) is already in use: held by \(h) (one mount per container; a holder that is gone lets its lease lapse within \(PostgresLease.duration) s)",
+                "the container \(c.root) is already in use: held by \(h) (\(rule); a holder that is gone lets its lease lapse within \(PostgresLease.duration) s)",
             code: ExitStatus.alreadyMounted)
     }
 
     static var machineId: String { PostgresLease.machineId(stateDirectory: GenerationLedger.defaultDirectory()) }
 
     /// Renews the lease every `PostgresLease.renewEvery` seconds until `release`. A server that cannot
-    /// be reached is retried (the lease outlives three missed renewals); a lease another mount took
-    /// over (this one was cut off longer than the lease) calls `lost`: the mount must end.
+    /// be reached is retried (the lease outlives three missed renewals); a lease that lapsed while an fsck took
+    /// the container (this mount was cut off longer than the lease) calls `lost`: the mount must end.
     func startRenewing(logger: Logger, lost: @escaping @Sendable (String) -> Void) {
         guard let lease else { return }
         let t = Thread { [self] in
@@ -96,7 +101,7 @@ final class ContainerClaim: @unchecked Sendable {
                     if failing { logger.notice("the container's lease is renewed again") }
                     failing = false
                 } catch PostgresLease.Failure.held(let h) {
-                    lost("another mount took the container over (\(h)) while this one could not reach the server")
+                    lost("the container was taken (\(h)) while this mount could not reach the server")
                     return
                 } catch {
                     if !failing { logger.warning("cannot renew the container's lease: \(error)") }

@@ -182,11 +182,22 @@ struct MountCommand: ParsableCommand {
             notifier?.status("Opening the store")
             let store = try c.openStore(
                 keys: keys, readOnly: opts.readOnly, reconnectWait: opts.reconnectWait, leaseHolder: lock.lease?.me.holder)
+            let seen = GenerationLedger().lastSeen(containerId: c.header.containerId) ?? 0
             try checkRollback(store: store, containerId: c.header.containerId, allow: opts.allowRollback, readOnly: opts.readOnly, logger: logger)
             var fsOptions = CofferFileSystem.Options()
             fsOptions.readOnly = opts.readOnly
             fsOptions.symlinkRoot = mnt
             fsOptions.plainSymlinks = opts.plainSymlinks
+            // A PostgreSQL container may have other mounts (other machines) at any time: every mount of
+            // one is coherent (SharedMount), and leaves unlinked-but-open files of a crashed session to a
+            // mount that starts alone. The floor: a state below what this machine saw durable is a rollback.
+            let shared = c.isShared
+            if shared {
+                store.shareWithOtherMounts(floor: min(seen, store.generation))
+                fsOptions.coherent = true
+                fsOptions.removesOrphans = (lock.lease?.othersAtStart ?? 0) == 0
+                fsOptions.commitInterval = .milliseconds(50)
+            }
             let fs: CofferFileSystem
             do {
                 fs = try CofferFileSystem(
@@ -198,7 +209,11 @@ struct MountCommand: ParsableCommand {
             let fuse: FUSEMount
             notifier?.status("Mounting on \(mnt)")
             do {
-                fuse = try FUSEMount(filesystem: fs, mountpoint: mnt, options: opts.fuseOptions(fsName: c.root), logger: logger)
+                var fuseOptions = opts.fuseOptions(fsName: c.root)
+                // With the writeback cache the kernel keeps its own size of a file and never takes another mount's.
+                if shared { fuseOptions.writebackCache = false }
+                fuse = try FUSEMount(
+                    filesystem: shared ? SharedMount(fs) : fs, mountpoint: mnt, options: fuseOptions, logger: logger)
             } catch {
                 fs.shutdown()
                 throw CLIFailure(message: "\(error)", code: ExitStatus.mountFailed)

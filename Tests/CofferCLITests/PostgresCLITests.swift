@@ -6,7 +6,7 @@ import Testing
 #endif
 
 // Containers in PostgreSQL through the real binary (issue 16, items 1, 3, 4 and 6): every command with a
-// URI, mount(8), fstab and --config, the lease (one mount per container), the rollback ledger, the
+// URI, mount(8), fstab and --config, the leases (mounts share, fsck alone), the rollback ledger, the
 // server restarted under a writer, and the database password never in argv or logs. Each test uses a
 // fresh schema of the process's private cluster (TestEngine); a missing PostgreSQL fails them.
 
@@ -94,15 +94,15 @@ struct PostgresCLITests {
         #expect(bad.status == 64 && bad.stderr.contains("reconnect_wait"), "\(bad)")
     }
 
-    /// One mount per container: another machine (state directory) is refused naming the holder while
-    /// the lease lives; a killed holder's lease is taken over by this machine at once (its pid is
-    /// gone) and by another machine once it has lapsed.
-    @Test func leaseRefusesASecondMountAndIsTakenOverAfterAKill() throws {
-        let (sb, uri, _) = try pgSandbox("pglease")
+    /// Leases: a second machine (state directory) mounts beside the first (issue 17); fsck is refused
+    /// while any mount's lease lives and a mount while an fsck holds the container. A killed mount's
+    /// lease is removed at once by its own machine (its pid is gone) and lapses for the others.
+    @Test func leasesLetMountsShareAndKeepFsckAlone() throws {
+        let (sb, uri, cluster) = try pgSandbox("pglease")
         defer { sb.cleanup() }
         try #require(sb.initContainer(container: uri).ok)
         let leaseEnv = ["COFFER_PG_LEASE_SECONDS": "4"]
-        let other = sb.root + "/machine2"
+        let other = leaseEnv.merging(["COFFER_STATE_DIR": sb.root + "/machine2"]) { $1 }
         let m2 = sb.root + "/m2"
         try #require(mkdir(m2, 0o755) == 0)
         let first = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv)
@@ -111,36 +111,42 @@ struct PostgresCLITests {
         let pid = try #require(TestEngine.daemonPid(uri: uri))
         // Renewed: still held after more than one lease duration.
         usleep(6_000_000)
-        let refused = coffer(["mount", uri, m2, "--passfile", sb.passfile], env: leaseEnv.merging(["COFFER_STATE_DIR": other]) { $1 })
-        #expect(refused.status == 15 && refused.stderr.contains("held by pid \(pid) on"), "\(refused)")
-        #expect(!E2E.isMounted(m2))
+        let fsck = coffer(["fsck", uri, "--passfile", sb.passfile], env: other)
+        #expect(fsck.status == 8 && fsck.stderr.contains("container is mounted (pid \(pid) on"), "fsck respects a live lease: \(fsck)")
+        let second = coffer(["mount", uri, m2, "--passfile", sb.passfile], env: other)
+        sb.noteDaemon(container: uri)
+        try #require(second.ok && E2E.isMounted(m2), "a second machine mounts beside the first: \(second)")
+        try E2E.write(sb.mnt + "/from-one", "one")
+        #expect(E2E.readText(m2 + "/from-one") == "one")
         kill(pid, SIGKILL)
         #expect(E2E.wait(10) { !E2E.isAlive(pid) })
         E2E.run("/bin/fusermount3", ["-uz", sb.mnt])
+        #expect(E2E.coffer(["unmount", m2]).ok)
         let start = Date()
-        let soon = coffer(["mount", uri, m2, "--passfile", sb.passfile], env: leaseEnv.merging(["COFFER_STATE_DIR": other]) { $1 })
-        #expect(soon.status == 15, "another machine cannot know the holder is gone before the lease lapses: \(soon)")
-        var taken = false
-        while !taken, Date().timeIntervalSince(start) < 15 {
+        let soon = coffer(["fsck", uri, "--passfile", sb.passfile], env: other)
+        #expect(soon.status == 8, "another machine cannot know the killed mount is gone before its lease lapses: \(soon)")
+        var checked = false
+        while !checked, Date().timeIntervalSince(start) < 15 {
             usleep(500_000)
-            taken = coffer(["mount", uri, m2, "--passfile", sb.passfile], env: leaseEnv.merging(["COFFER_STATE_DIR": other]) { $1 }).ok
+            checked = coffer(["fsck", uri, "--passfile", sb.passfile], env: other).ok
         }
-        sb.noteDaemon(container: uri)
-        #expect(taken && E2E.isMounted(m2), "the lapsed lease is taken over")
-        let elapsed = Date().timeIntervalSince(start)
-        #expect(elapsed < 10, "taken over \(elapsed) s after the kill (lease 4 s)")
-        let pid2 = try #require(TestEngine.daemonPid(uri: uri))
-        kill(pid2, SIGKILL)
-        #expect(E2E.wait(10) { !E2E.isAlive(pid2) })
-        E2E.run("/bin/fusermount3", ["-uz", m2])
-        // The same machine sees its holder's pid is gone: no wait.
-        let here = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv.merging(["COFFER_STATE_DIR": other]) { $1 })
+        #expect(checked, "the lapsed lease no longer keeps fsck out")
+        #expect(Date().timeIntervalSince(start) < 10, "lapsed within the lease (4 s)")
+        // An fsck holds the container: a mount is refused, naming it. Its lease is a row like a mount's.
+        let leases = "\"\(schema(uri))\".leases"
+        try cluster.psql("INSERT INTO \(leases) VALUES ('an-fsck', 'elsewhere', 1, 'another-machine', 'fsck', now() + interval '1 hour')")
+        let refused = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv)
+        #expect(refused.status == 15 && refused.stderr.contains("pid 1 on elsewhere (fsck)"), "\(refused)")
+        try cluster.psql("DELETE FROM \(leases) WHERE holder = 'an-fsck'")
+        // The same machine sees its killed holder's pid is gone: no wait.
+        let here = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv)
         sb.noteDaemon(container: uri)
         #expect(here.ok, "\(here)")
-        let fsck = coffer(["fsck", uri, "--passfile", sb.passfile], env: ["COFFER_STATE_DIR": other])
-        #expect(fsck.status == 8 && fsck.stderr.contains("mounted"), "fsck respects the lease: \(fsck)")
-        #expect(sb.unmount().ok)
-        #expect(coffer(["fsck", uri, "--passfile", sb.passfile], env: ["COFFER_STATE_DIR": other]).ok, "the lease is released at unmount")
+        let pidHere = try #require(TestEngine.daemonPid(uri: uri))
+        kill(pidHere, SIGKILL)
+        #expect(E2E.wait(10) { !E2E.isAlive(pidHere) })
+        E2E.run("/bin/fusermount3", ["-uz", sb.mnt])
+        #expect(coffer(["fsck", uri, "--passfile", sb.passfile], env: leaseEnv).ok, "a dead holder of this machine holds nothing")
     }
 
     /// The ledger keys by container id: a schema put back from an older dump is refused (18).

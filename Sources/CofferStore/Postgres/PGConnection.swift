@@ -97,6 +97,23 @@ public final class PGConnection: @unchecked Sendable {
         return PQstatus(c) == CONNECTION_OK
     }
 
+    /// Waits up to `timeout` seconds for notifications (on a session that ran LISTEN) and returns the
+    /// payloads of those that came; throws `.connection` when the session is gone.
+    public func notifications(timeout: Double) throws(PGError) -> [String] {
+        let c = try connected()
+        var p = pollfd(fd: PQsocket(c), events: Int16(POLLIN), revents: 0)
+        if poll(&p, 1, Int32(timeout * 1000)) > 0 {
+            guard PQconsumeInput(c) == 1 else { throw connectionError(c) }
+        }
+        var payloads: [String] = []
+        while let n = PQnotifies(c) {
+            payloads.append(n.pointee.extra.map { String(cString: $0) } ?? "")
+            PQfreemem(n)
+        }
+        guard PQstatus(c) == CONNECTION_OK else { throw connectionError(c) }
+        return payloads
+    }
+
     /// Ends the session; `isAlive` is false until `reconnect`.
     public func close() {
         if let handle { PQfinish(handle) }

@@ -8,7 +8,7 @@ import Synchronization
 /// groups with the sealed state (PostgresTransactions.swift); synchronous_commit is on, so every
 /// commit is durable when it returns. Metadata is read through the writer (it must see the open
 /// transaction); content without uncommitted changes through a small pool, concurrently.
-public final class PostgresBackend: StoreBackend, @unchecked Sendable {  // writer state behind writerLock
+public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // writer state behind writerLock
     public let readOnly: Bool
     public let location: PostgresLocation
     let sql: PostgresSQL
@@ -28,6 +28,12 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {  // writ
     /// lease in its own transaction and fails with `leaseLost` when another mount took it. Set right
     /// after opening, before the first commit.
     public var fenceHolder: String?
+    /// Several mounts may share the container (set for mounts and fsck's repair, before the first
+    /// write): groups begin with the writer lock and the state (`onGroupBegin`), commits are announced.
+    public var coherent = false
+    public var onGroupBegin: (([UInt8]?) throws(StoreError) -> Void)?
+    /// The connection that hears other mounts' commits (`listen`).
+    let listener = Mutex<PostgresListener?>(nil)
 
     /// The open group transaction: when it began, how many bytes it adds, which files' content it
     /// changed (their reads go through the writer until the commit).
@@ -35,10 +41,13 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {  // writ
         var since: ContinuousClock.Instant?
         var bytes = 0
         var dirtyFiles = Set<UInt64>()
+        /// Something was written (a group begun only for its lock and state may end without a commit).
+        var wrote = false
         mutating func clear() {
             since = nil
             bytes = 0
             dirtyFiles.removeAll()
+            wrote = false
         }
     }
     let pending = Mutex(Pending())
@@ -158,6 +167,17 @@ public final class PostgresBackend: StoreBackend, @unchecked Sendable {  // writ
         readers.withLock {
             $0?.close()
             $0 = nil
+        }
+        listener.withLock {
+            $0?.stop()
+            $0 = nil
+        }
+    }
+
+    public func listen(_ heard: @escaping @Sendable () -> Void) {
+        listener.withLock { l in
+            guard l == nil, !closed.load(ordering: .acquiring) else { return }
+            l = PostgresListener(conninfo: location.conninfo, channel: sql.channel, ignoring: fenceHolder ?? "", heard: heard)
         }
     }
 

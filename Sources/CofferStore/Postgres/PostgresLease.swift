@@ -1,12 +1,12 @@
 import Foundation
 import Glibc
 
-/// One mount per PostgreSQL container (issue 16, item 3): a row in the schema's `lease` table names
-/// the mount that holds the container (a random holder id, host name, pid, the machine's id) until
-/// an expiry the server's clock sets. A directory container has its flock for this; a database has
-/// no process to tie a lock to, so the holder renews the row (`renew`, every `renewEvery` seconds)
-/// and a holder that is gone lets it expire. Expired rows are taken over; so is the row of a dead
-/// process of this same machine (its pid is checked), at once.
+/// Who uses a PostgreSQL container: a row per mount in the schema's `leases` table (a random holder
+/// id, host name, pid, the machine's id, the purpose) until an expiry the server's clock sets. Any
+/// number of mounts share a container (issue 17); `coffer fsck` takes it alone, so a mount is refused
+/// while an fsck holds it and an fsck while any mount does. A database has no process to tie a lock
+/// to, so each holder renews its row (`renew`, every `renewEvery` seconds) and a holder that is gone
+/// lets it lapse; a dead process of this same machine (its pid is checked) lapses at once.
 public final class PostgresLease: @unchecked Sendable {
     /// Who holds a container, for messages ("mounted by pid 12 on host").
     public struct Holder: Sendable, Equatable, CustomStringConvertible {
@@ -48,15 +48,19 @@ public final class PostgresLease: @unchecked Sendable {
         sql = PostgresSQL(schema: location.container)
     }
 
-    /// Takes the lease for this process (`purpose`: "mount", "fsck"), or throws `.held` naming the
-    /// holder. `machine`: this machine's id (`machineId(stateDirectory:)`).
+    /// Other live mounts when this lease was taken (a mount alone removes what crashed mounts left).
+    public private(set) var othersAtStart = 0
+
+    /// Takes a lease for this process (`purpose`: "mount", "fsck"), or throws `.held` naming a holder
+    /// that excludes it (any live holder for an fsck, a live fsck for a mount). `machine`: this
+    /// machine's id (`machineId(stateDirectory:)`).
     public static func take(_ location: PostgresLocation, purpose: String, machine: String) throws(Failure) -> PostgresLease {
         let me = Holder(holder: randomHex(16), host: hostName(), pid: getpid(), machine: machine, purpose: purpose)
         let c: PGConnection
         do { c = try PGConnection(location.conninfo) } catch { throw .unavailable("\(error)") }
         let lease = PostgresLease(location, me: me, connection: c)
-        // Containers made before the lease existed get its table (a role that may not create it fails below).
-        try? c.executeScript(lease.sql.createLease.replacingOccurrences(of: "CREATE TABLE", with: "CREATE TABLE IF NOT EXISTS"))
+        // Containers made before several mounts were allowed get the table (a role that may not create it fails below).
+        try? c.executeScript(lease.sql.createLeases)
         do {
             if let h = try lease.acquire() {
                 c.close()
@@ -69,35 +73,53 @@ public final class PostgresLease: @unchecked Sendable {
         return lease
     }
 
-    /// The live holder of a container, nil when none (or when it cannot be read).
-    public static func holder(_ location: PostgresLocation) -> Holder? {
-        guard let c = try? PGConnection(location.conninfo) else { return nil }
+    /// The live holders of a container (none when they cannot be read).
+    public static func holders(_ location: PostgresLocation) -> [Holder] {
+        guard let c = try? PGConnection(location.conninfo) else { return [] }
         defer { c.close() }
         let sql = PostgresSQL(schema: location.container)
-        guard let r = try? c.execute(sql.leaseRow), r.rowCount == 1, (try? r.bool(0, 5)) == true else { return nil }
-        return try? holder(r)
+        guard let r = try? c.execute(sql.leaseRows) else { return [] }
+        return (0..<r.rowCount).compactMap { i in (try? r.bool(i, 5)) == true ? try? holder(r, i) : nil }
     }
 
-    /// One transaction: the row locked, then inserted, renewed or taken over; the holder that keeps
-    /// it when this process may not.
+    /// A live holder that keeps a new holder for `purpose` out, nil when there is none.
+    public static func excluding(_ location: PostgresLocation, purpose: String, machine: String) -> Holder? {
+        holders(location).first { !$0.isGone(machine: machine) && excludes($0, purpose) }
+    }
+
+    /// fsck runs alone; mounts share with each other but not with an fsck.
+    static func excludes(_ h: Holder, _ purpose: String) -> Bool { purpose == "fsck" || h.purpose == "fsck" }
+
+    /// One transaction, the table locked: lapsed rows and rows of this machine's dead processes
+    /// removed, then ours added; the holder that keeps this process out when it may not.
     private func acquire() throws -> Holder? {
         try connection.transaction { c -> Holder? in
-            let r = try c.execute(sql.leaseRowForUpdate)
-            if r.rowCount == 1 {
-                let h = try Self.holder(r)
-                let live = try r.bool(0, 5) ?? false
-                // An expired row whose process still runs on this machine is a holder whose renewals
-                // are late (a stuck server connection, a suspended machine): not taken over.
+            try c.execute(sql.lockLeases)
+            let r = try c.execute(sql.leaseRows)
+            var others = 0
+            for i in 0..<r.rowCount {
+                let h = try Self.holder(r, i)
+                guard h.holder != me.holder else { continue }
+                let live = try r.bool(i, 5) ?? false
+                // A lapsed row whose process still runs on this machine is a holder whose renewals are
+                // late (a stuck server connection, a suspended machine): it still counts.
                 let stillRunsHere = h.machine == me.machine && h.host == Self.hostName() && Self.isAlive(h.pid)
-                if h.holder != me.holder && (live ? !h.isGone(machine: me.machine) : stillRunsHere) { return h }
+                if live ? h.isGone(machine: me.machine) : !stillRunsHere {
+                    try c.execute(sql.deleteLease, [.text(h.holder)])
+                    continue
+                }
+                if Self.excludes(h, me.purpose) { return h }
+                others += 1
             }
             try c.execute(sql.putLease, params())
+            othersAtStart = others
             return nil
         }
     }
 
-    /// Extends the lease. The row still naming us is renewed whatever its expiry (a server that was
-    /// away longer than the lease lost no holder); a row another mount took throws `.held`.
+    /// Extends the lease. The row is renewed whatever its expiry (a server that was away longer than
+    /// the lease lost no holder); when it was removed meanwhile and an fsck now holds the container,
+    /// throws `.held`.
     public func renew() throws(Failure) {
         lock.lock()
         defer { lock.unlock() }
@@ -105,6 +127,8 @@ public final class PostgresLease: @unchecked Sendable {
         do {
             if !connection.isAlive { try connection.reconnect(within: 1) }
             if try connection.execute(sql.renewLease, [.text(me.holder), .int4(Int32(clamping: Self.duration))]).affectedRows == 1 { return }
+            // The row lapsed and was removed (this machine was cut off longer than the lease): take it
+            // again unless an fsck holds the container now.
             if let h = try acquire() { throw Failure.held(h) }
         } catch let f as Failure { throw f } catch { throw .unavailable("\(error)") }
     }
@@ -126,10 +150,10 @@ public final class PostgresLease: @unchecked Sendable {
         [.text(me.holder), .text(me.host), .int4(me.pid), .text(me.machine), .text(me.purpose), .int4(Int32(clamping: Self.duration))]
     }
 
-    private static func holder(_ r: PGResult) throws -> Holder {
+    private static func holder(_ r: PGResult, _ row: Int) throws -> Holder {
         Holder(
-            holder: try r.text(0, 0) ?? "", host: try r.text(0, 1) ?? "?", pid: Int32(truncatingIfNeeded: try r.int64(0, 2) ?? 0),
-            machine: try r.text(0, 3) ?? "", purpose: try r.text(0, 4) ?? "mount")
+            holder: try r.text(row, 0) ?? "", host: try r.text(row, 1) ?? "?", pid: Int32(truncatingIfNeeded: try r.int64(row, 2) ?? 0),
+            machine: try r.text(row, 3) ?? "", purpose: try r.text(row, 4) ?? "mount")
     }
 
     /// A process of this machine that still runs (EPERM: it runs under another user). A zombie does

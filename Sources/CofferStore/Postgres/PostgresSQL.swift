@@ -27,30 +27,44 @@ struct PostgresSQL: Sendable {
         CREATE TABLE \(q).chunkmaps(file bigint NOT NULL, page bigint NOT NULL, value bytea NOT NULL, PRIMARY KEY(file, page));
         ALTER TABLE \(q).chunks ALTER COLUMN value SET STORAGE EXTERNAL;
         ALTER TABLE \(q).chunkmaps ALTER COLUMN value SET STORAGE EXTERNAL;
-        \(createLease);
+        \(createLeases);
         """
     }
 
-    // The mount lease (PostgresLease); `expires` is the server's clock, so machines need not agree.
-    var createLease: String {
-        "CREATE TABLE \(q).lease(id integer PRIMARY KEY CHECK (id = 1), holder text NOT NULL, host text NOT NULL, "
-            + "pid integer NOT NULL, machine text NOT NULL, purpose text NOT NULL, expires timestamptz NOT NULL)"
+    // The leases (PostgresLease): one row per mount (any number) or per fsck (alone); `expires` is the
+    // server's clock, so machines need not agree. Containers made before several mounts were allowed
+    // have a one-row `lease` table instead, left unused.
+    var createLeases: String {
+        "CREATE TABLE IF NOT EXISTS \(q).leases(holder text PRIMARY KEY, host text NOT NULL, pid integer NOT NULL, "
+            + "machine text NOT NULL, purpose text NOT NULL, expires timestamptz NOT NULL)"
     }
-    var leaseRow: String { "SELECT holder, host, pid, machine, purpose, expires > now() FROM \(q).lease WHERE id = 1" }
-    var leaseRowForUpdate: String { leaseRow + " FOR UPDATE" }
+    /// Taken by whoever adds a lease, so two takers decide one after the other (renewals wait for it briefly).
+    var lockLeases: String { "LOCK TABLE \(q).leases IN SHARE ROW EXCLUSIVE MODE" }
+    var leaseRows: String { "SELECT holder, host, pid, machine, purpose, expires > now() FROM \(q).leases ORDER BY holder" }
     var putLease: String {
-        "INSERT INTO \(q).lease(id, holder, host, pid, machine, purpose, expires) VALUES (1, $1, $2, $3, $4, $5, now() + $6 * interval '1 second') "
-            + "ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, host = EXCLUDED.host, pid = EXCLUDED.pid, "
-            + "machine = EXCLUDED.machine, purpose = EXCLUDED.purpose, expires = EXCLUDED.expires"
+        "INSERT INTO \(q).leases(holder, host, pid, machine, purpose, expires) VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second') "
+            + "ON CONFLICT (holder) DO UPDATE SET expires = EXCLUDED.expires"
     }
-    var renewLease: String { "UPDATE \(q).lease SET expires = now() + $2 * interval '1 second' WHERE id = 1 AND holder = $1" }
+    var renewLease: String { "UPDATE \(q).leases SET expires = now() + $2 * interval '1 second' WHERE holder = $1" }
     /// Renews the lease inside a commit, or fails the transaction (division by zero, 22012) when the
-    /// row no longer names this holder: a mount that lost its lease can never commit beside the new one.
+    /// row is gone (it lapsed and an fsck took the container): such a mount never commits again.
     var fenceLease: String {
-        "WITH r AS (UPDATE \(q).lease SET expires = now() + $2 * interval '1 second' WHERE id = 1 AND holder = $1 RETURNING 1) "
+        "WITH r AS (UPDATE \(q).leases SET expires = now() + $2 * interval '1 second' WHERE holder = $1 RETURNING 1) "
             + "SELECT 1 / (SELECT count(*)::int FROM r)"
     }
-    var deleteLease: String { "DELETE FROM \(q).lease WHERE id = 1 AND holder = $1" }
+    var deleteLease: String { "DELETE FROM \(q).leases WHERE holder = $1" }
+
+    // Several mounts at once (docs/FORMAT.md): the container's writer lock, taken first in every group
+    // transaction (a transaction-level advisory lock, so a lost connection releases it), the sealed
+    // state read under it, and the commit's notification to the other mounts.
+    var writerLock: String { "SELECT pg_advisory_xact_lock(\(Self.lockSpace), hashtext($1))" }
+    var stateRow: String { "SELECT value FROM \(q).meta WHERE name = 'state'" }
+    static let notify = "SELECT pg_notify($1, $2)"
+    /// The advisory lock space of Coffer's writer locks ("COFF").
+    static let lockSpace: Int32 = 0x434F_4646
+    /// The channel a container's commits are announced on (at most 63 bytes: a longer schema name
+    /// shares it with others of the same first 56 bytes, which costs them a needless reread only).
+    var channel: String { "coffer:" + String(decoding: Array(schema.utf8.prefix(56)), as: UTF8.self) }
 
     // Header
     var header: String { "SELECT value FROM \(q).header WHERE id = 1" }

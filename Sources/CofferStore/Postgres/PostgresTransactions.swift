@@ -11,12 +11,10 @@ extension PostgresBackend {
     func write<T>(bytes: Int = 0, file: UInt64? = nil, _ body: (PGConnection) throws -> T) throws(StoreError) -> T {
         guard !readOnly else { throw .readOnly }
         return try onWriter { () throws(StoreError) -> T in
-            if pending.withLock({ $0.since == nil }) {
-                _ = try idle { try $0.execute("BEGIN") }  // nothing is open yet: safe to run again after a reconnect
-                pending.withLock { $0.since = .now }
-            }
+            if pending.withLock({ $0.since == nil }) { try begin() }
             let result = try inTransaction { try body(writer) }
             pending.withLock { p in
+                p.wrote = true
                 p.bytes += bytes
                 if let file { p.dirtyFiles.insert(file) }
             }
@@ -33,6 +31,48 @@ extension PostgresBackend {
         }
     }
 
+    public func beginGroup() throws(StoreError) {
+        guard !readOnly else { throw .readOnly }
+        try onWriter { () throws(StoreError) in if pending.withLock({ $0.since == nil }) { try begin() } }
+    }
+
+    public func committedState() throws(StoreError) -> [UInt8]? {
+        try onWriter { () throws(StoreError) -> [UInt8]? in
+            if pending.withLock({ $0.since != nil }) { return nil }
+            return try idle { c in try c.execute(sql.stateRow, prepared: true).bytes(0, 0) }
+        }
+    }
+
+    /// Opens the group transaction (with the writer held). Nothing is open yet, so it is safe to run
+    /// again after a reconnect. With several mounts: the writer lock and the sealed state in the same
+    /// round trip, then `onGroupBegin`; a group it refuses is rolled back before anything is written.
+    private func begin() throws(StoreError) {
+        guard coherent else {
+            _ = try idle { try $0.execute("BEGIN") }
+            pending.withLock { $0.since = .now }
+            return
+        }
+        let state: [UInt8]?
+        do {
+            state = try idle { c in
+                let r = try c.pipeline([
+                    PGStatement("BEGIN"), PGStatement(sql.writerLock, [.text(sql.schema)], prepared: true),
+                    PGStatement(sql.stateRow, prepared: true)
+                ])
+                return r.count == 3 ? try r[2].bytes(0, 0) : nil
+            }
+        } catch {
+            if writer.inTransaction { _ = try? writer.execute("ROLLBACK") }
+            throw error
+        }
+        pending.withLock { $0.since = .now }
+        do { try onGroupBegin?(state) } catch {
+            _ = try? writer.execute("ROLLBACK")
+            pending.withLock { $0.clear() }
+            throw error
+        }
+    }
+
     public func batch<T>(_ body: () throws -> T) throws -> T {
         writerLock.lock()
         defer { writerLock.unlock() }
@@ -40,17 +80,28 @@ extension PostgresBackend {
     }
 
     /// Writes the sealed state and commits in one round trip (a pipeline of the state's upsert and
-    /// COMMIT). synchronous_commit is on: when COMMIT returns, the server has flushed it, so every
-    /// commit is durable and `durable` asks nothing more. A COMMIT whose answer is lost with the
+    /// COMMIT). A durable commit waits for the server's WAL flush (synchronous_commit on), which
+    /// covers every earlier commit; the others turn that off for their own transaction. A COMMIT whose answer is lost with the
     /// connection may have committed; the group is reported rolled back all the same (the caches
     /// above reload whichever state the server kept, and the next commit writes a later generation).
     public func commit(durable: Bool, state: () throws(StoreError) -> [UInt8]) throws(StoreError) -> Bool {
         guard !readOnly else { return false }
         return try onWriter { () throws(StoreError) -> Bool in
-            guard pending.withLock({ $0.since != nil }) else { return false }
+            guard let wrote = pending.withLock({ $0.since != nil ? $0.wrote : nil }) else { return false }
+            // A group begun for its lock that wrote nothing ends without a new generation, unless a durable
+            // commit is asked for: that one flushes every earlier commit (fsync with nothing pending).
+            if !wrote && !durable {
+                _ = try inTransaction { try writer.execute("ROLLBACK") }
+                pending.withLock { $0.clear() }
+                return false
+            }
             let sealed = try state()
             try inTransaction {
                 var statements: [PGStatement] = []
+                // Commits in between need not wait for the server's disk: fsync and unmount commit
+                // durably, which flushes every earlier commit too.
+                if !durable { statements.append(PGStatement("SET LOCAL synchronous_commit = off")) }
+                if coherent { statements.append(PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(fenceHolder ?? "")], prepared: true)) }
                 if let holder = fenceHolder {
                     statements.append(PGStatement(sql.fenceLease, [.text(holder), .int4(Int32(clamping: PostgresLease.duration))], prepared: true))
                 }

@@ -1,0 +1,18 @@
+/// An engine whose store several mounts write at once (PostgreSQL; docs/FORMAT.md, "Several mounts
+/// at once"). Every group transaction begins with the container's writer lock and the sealed state
+/// read under it, so groups of all mounts run one after the other and each commit's generation is
+/// one more than the last; every commit is announced to the other mounts.
+public protocol CoherentBackend: StoreBackend {
+    /// Called at the start of every group transaction with the sealed state read under the writer
+    /// lock (nil when the row is missing). A throw ends the group before anything is written.
+    var onGroupBegin: ((_ sealedState: [UInt8]?) throws(StoreError) -> Void)? { get set }
+    /// Begins the group transaction now, if none is open: decisions made after this see every
+    /// other mount's commits and no other mount commits until this group does.
+    func beginGroup() throws(StoreError)
+    /// The sealed state as committed on the server now (one round trip, outside any transaction);
+    /// nil when a group of this mount is open (nobody else can have committed since it began).
+    func committedState() throws(StoreError) -> [UInt8]?
+    /// Starts hearing other mounts' commits: `heard` is called (on a thread of the engine's) for
+    /// each, and after a lost connection, when some may have gone unheard.
+    func listen(_ heard: @escaping @Sendable () -> Void)
+}
