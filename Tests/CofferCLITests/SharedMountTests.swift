@@ -1,0 +1,305 @@
+import CofferTestSupport
+import Foundation
+import Testing
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+// Several machines on one PostgreSQL container (issue 17): two mounts of one container, each with its own
+// daemon and state directory (standing in for two machines), through the real binary and ordinary tools.
+// Races run as Python threads against both mountpoints at once; every outcome is checked through the
+// other mount and, at the end, by `coffer fsck` of the unmounted container.
+
+/// Two mounts of one fresh PostgreSQL container: `a` (the sandbox's mountpoint and state directory) and
+/// `b` (another mountpoint and state directory: another machine).
+private final class TwoMachines {
+    let sb: Sandbox
+    let uri: String
+    let cluster: PostgresCluster
+    var a: String { sb.mnt }
+    var b: String { sb.root + "/m2" }
+    var stateB: String { sb.root + "/machine2" }
+    static let leaseEnv = ["COFFER_PG_LEASE_SECONDS": "4"]
+
+    init(_ label: String) throws {
+        sb = try Sandbox(label)
+        uri = sb.isDirectoryContainer ? try TestEngine.freshURI() : sb.container
+        cluster = try TestEngine.cluster()
+        try #require(mkdir(b, 0o755) == 0)
+        let i = sb.initContainer(container: uri)
+        try #require(i.ok, "\(i)")
+        try #require(mount(a, state: nil).ok && mount(b, state: stateB).ok)
+    }
+
+    @discardableResult
+    func mount(_ mnt: String, state: String?) -> RunResult {
+        let r = coffer(["mount", uri, mnt, "--passfile", sb.passfile], state: state)
+        sb.noteDaemon(container: uri)
+        return r
+    }
+
+    /// `coffer ARGS` as one machine (`state`: its state directory; nil: the sandbox's).
+    @discardableResult
+    func coffer(_ args: [String], state: String?, timeout: TimeInterval = 60) -> RunResult {
+        var env = ProcessInfo.processInfo.environment
+        env["COFFER_STATE_DIR"] = state ?? E2E.stateDirectory
+        for (k, v) in Self.leaseEnv { env[k] = v }
+        return E2E.run(E2E.coffer, args, environment: env, timeout: timeout)
+    }
+
+    /// Both unmounted (cleanly), then `coffer fsck` must find nothing wrong.
+    func unmountAndCheck() {
+        #expect(coffer(["unmount", a], state: nil).ok)
+        #expect(coffer(["unmount", b], state: stateB).ok)
+        let fsck = coffer(["fsck", uri, "--passfile", sb.passfile], state: nil)
+        #expect(fsck.ok && fsck.stdout.contains("0 problem(s)"), "\(fsck)")
+    }
+
+    func cleanup() { sb.cleanup() }
+}
+
+@Suite("Several mounts of one PostgreSQL container", .serialized)
+struct SharedMountTests {
+    /// Close-to-open: what one mount wrote and closed, the other reads at its next open, at once, also
+    /// when the size changes; names and attributes show within the kernel's 1 s timeouts.
+    @Test func writesAndNamesAreSeenAcross() throws {
+        let t = try TwoMachines("share")
+        defer { t.cleanup() }
+        for round in 0..<20 {
+            let text = String(repeating: "round \(round) ", count: 1 + round * 97)
+            let (from, to) = round % 2 == 0 ? (t.a, t.b) : (t.b, t.a)
+            try E2E.write(from + "/doc.txt", text)
+            #expect(E2E.readText(to + "/doc.txt") == text, "round \(round): the other mount reads what was closed")
+        }
+        #expect(mkdir(t.b + "/made-on-b", 0o755) == 0)
+        try E2E.write(t.b + "/made-on-b/f", "x")
+        #expect(E2E.wait(2) { (try? FileManager.default.contentsOfDirectory(atPath: t.a + "/made-on-b")) == ["f"] })
+        #expect(chmod(t.a + "/made-on-b/f", 0o600) == 0)
+        #expect(E2E.wait(2) { (E2E.statOf(t.b + "/made-on-b/f")?.st_mode ?? 0) & 0o777 == 0o600 }, "attributes show within the 1 s bound")
+        #expect(E2E.sh("setfattr -n user.note -v across \(t.a)/doc.txt").ok)
+        let xattr = E2E.sh("getfattr --only-values -n user.note \(t.b)/doc.txt")
+        #expect(xattr.ok && xattr.stdout == "across", "\(xattr)")
+        // A file removed on one mount while the other holds it open: the holder gets ESTALE, never other bytes.
+        try E2E.write(t.a + "/held", "held")
+        let holder = t.sb.root + "/holder.py"
+        try E2E.write(
+            holder,
+            """
+            import os, sys, time
+            fd = os.open(sys.argv[1], os.O_RDONLY)
+            print(os.read(fd, 4).decode(), flush=True)
+            open(sys.argv[2], "w").close()
+            deadline = time.time() + 20
+            while not os.path.exists(sys.argv[3]) and time.time() < deadline: time.sleep(0.05)
+            time.sleep(1.5)
+            try: print("read", os.pread(fd, 4, 0))
+            except OSError as e: print("errno", e.errno)
+            """)
+        let (opened, removed) = (t.sb.root + "/opened", t.sb.root + "/removed")
+        let held = E2E.sh(
+            "python3 \(holder) \(t.b)/held \(opened) \(removed) & p=$!; while [ ! -e \(opened) ]; do sleep 0.05; done; "
+                + "rm \(t.a)/held && touch \(removed); wait $p", timeout: 60)
+        #expect(held.ok && held.stdout.hasPrefix("held\n"), "\(held)")
+        #expect(held.stdout.contains("read b'held'") || held.stdout.contains("errno \(ESTALE)"), "the holder reads the file or ESTALE: \(held)")
+        t.unmountAndCheck()
+    }
+
+    /// Two machines creating the same names with O_EXCL at once: exactly one success per name.
+    @Test func exclusiveCreateHasOneWinner() throws {
+        let t = try TwoMachines("excl")
+        defer { t.cleanup() }
+        let r = E2E.py(
+            """
+            import os, sys, threading
+            a, b, n = sys.argv[1], sys.argv[2], 200
+            wins = {}
+            lock = threading.Lock()
+            def make(root, tag):
+                for i in range(n):
+                    try:
+                        fd = os.open(f"{root}/x{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                        os.write(fd, tag.encode()); os.close(fd)
+                        with lock: wins.setdefault(i, []).append(tag)
+                    except FileExistsError:
+                        pass
+            ts = [threading.Thread(target=make, args=(a, "a")), threading.Thread(target=make, args=(b, "b"))]
+            [x.start() for x in ts]; [x.join() for x in ts]
+            bad = [i for i in range(n) if len(wins.get(i, [])) != 1]
+            wrong = [i for i in range(n) if open(f"{a}/x{i}").read() != wins[i][0] or open(f"{b}/x{i}").read() != wins[i][0]]
+            print("bad", bad, "wrong", wrong, "a", sum(1 for v in wins.values() if v == ["a"]))
+            """, [t.a, t.b], timeout: 120)
+        #expect(r.ok && r.stdout.hasPrefix("bad [] wrong []"), "\(r)")
+        t.unmountAndCheck()
+    }
+
+    /// Both machines rename the same files out of one directory into their own at once: every file
+    /// ends up in exactly one place (never lost, never doubled), the loser gets ENOENT.
+    @Test func renameRaceLosesAndDoublesNothing() throws {
+        let t = try TwoMachines("rename")
+        defer { t.cleanup() }
+        let r = E2E.py(
+            """
+            import os, sys, threading
+            a, b, n = sys.argv[1], sys.argv[2], 150
+            os.mkdir(f"{a}/src"); os.mkdir(f"{a}/to-a"); os.mkdir(f"{a}/to-b")
+            for i in range(n):
+                with open(f"{a}/src/f{i}", "w") as f: f.write(f"content {i}")
+            errors = []
+            def move(root, dest):
+                for i in range(n):
+                    try: os.rename(f"{root}/src/f{i}", f"{root}/{dest}/f{i}")
+                    except FileNotFoundError: pass
+                    except OSError as e: errors.append((dest, i, e.errno))
+            ts = [threading.Thread(target=move, args=(a, "to-a")), threading.Thread(target=move, args=(b, "to-b"))]
+            [x.start() for x in ts]; [x.join() for x in ts]
+            for root in (a, b):
+                got = sorted(os.listdir(f"{root}/to-a") + os.listdir(f"{root}/to-b"))
+                left = os.listdir(f"{root}/src")
+                ok = got == sorted(f"f{i}" for i in range(n)) and left == []
+                contents = all(open(f"{root}/{d}/{f}").read() == "content " + f[1:] for d in ("to-a", "to-b") for f in os.listdir(f"{root}/{d}"))
+                print(root == a and "A" or "B", ok, contents, len(os.listdir(f"{root}/to-a")), errors)
+            """, [t.a, t.b], timeout: 120)
+        #expect(r.ok && r.stdout.contains("A True True") && r.stdout.contains("B True True"), "\(r)")
+        t.unmountAndCheck()
+    }
+
+    /// rmdir on one machine against a create inside that directory on the other: either the directory
+    /// goes and the create fails, or the create wins and rmdir says ENOTEMPTY. Never a file without
+    /// its directory (fsck at the end).
+    @Test func rmdirAgainstCreateNeverOrphansAFile() throws {
+        let t = try TwoMachines("rmdir")
+        defer { t.cleanup() }
+        let r = E2E.py(
+            """
+            import os, sys, threading, errno
+            a, b = sys.argv[1], sys.argv[2]
+            outcomes = {}
+            for i in range(60):
+                d = f"d{i}"
+                os.mkdir(f"{a}/{d}")
+                res = {}
+                def rm():
+                    try: os.rmdir(f"{a}/{d}"); res["rm"] = 0
+                    except OSError as e: res["rm"] = e.errno
+                def mk():
+                    try:
+                        fd = os.open(f"{b}/{d}/f", os.O_CREAT | os.O_WRONLY, 0o644); os.close(fd); res["mk"] = 0
+                    except OSError as e: res["mk"] = e.errno
+                ts = [threading.Thread(target=rm), threading.Thread(target=mk)]
+                [x.start() for x in ts]; [x.join() for x in ts]
+                key = (res["rm"], res["mk"])
+                outcomes[key] = outcomes.get(key, 0) + 1
+                exists = os.path.exists(f"{a}/{d}/f")
+                if key == (0, 0) or (res["rm"] == 0) == exists:
+                    print("BAD", i, key, exists)
+            allowed = {(0, errno.ENOENT), (errno.ENOTEMPTY, 0), (0, errno.ESTALE)}
+            print("outcomes", {k: v for k, v in outcomes.items()}, "unexpected", [k for k in outcomes if k not in allowed])
+            """, [t.a, t.b], timeout: 180)
+        #expect(r.ok && !r.stdout.contains("BAD") && r.stdout.contains("unexpected []"), "\(r)")
+        t.unmountAndCheck()
+    }
+
+    /// Two machines overwriting whole chunks of one file at once while both read it: no read fails,
+    /// and at the end every chunk holds one writer's complete record (never torn), the same on both.
+    @Test func twoWritersOnOneFileNeverTearOrFail() throws {
+        let t = try TwoMachines("writers")
+        defer { t.cleanup() }
+        let r = E2E.py(
+            """
+            import os, sys, threading
+            a, b = sys.argv[1], sys.argv[2]
+            C, N = 32768, 16
+            with open(f"{a}/shared.bin", "wb") as f: f.write(b"\\0" * C * N)
+            failures = []
+            def writer(root, tag, seed):
+                import random
+                rnd = random.Random(seed)
+                fd = os.open(f"{root}/shared.bin", os.O_WRONLY)
+                for k in range(150):
+                    i = rnd.randrange(N)
+                    rec = (f"{tag}{k:05d}".encode() * (C // 6 + 1))[:C]
+                    try: os.pwrite(fd, rec, i * C)
+                    except OSError as e: failures.append(("write", tag, e.errno))
+                os.close(fd)
+            def reader(root):
+                for k in range(60):
+                    try:
+                        fd = os.open(f"{root}/shared.bin", os.O_RDONLY); data = os.read(fd, C * N + 1); os.close(fd)
+                        if len(data) != C * N: failures.append(("size", root, len(data)))
+                    except OSError as e: failures.append(("read", root, e.errno))
+            ts = [threading.Thread(target=writer, args=(a, "A", 1)), threading.Thread(target=writer, args=(b, "B", 2)),
+                  threading.Thread(target=reader, args=(a,)), threading.Thread(target=reader, args=(b,))]
+            [x.start() for x in ts]; [x.join() for x in ts]
+            views = [open(f"{root}/shared.bin", "rb").read() for root in (a, b)]
+            torn = []
+            for i in range(N):
+                chunk = views[0][i*C:(i+1)*C]
+                if chunk != b"\\0" * C and chunk != (chunk[:6] * (C // 6 + 1))[:C]: torn.append(i)
+            print("failures", failures[:5], "torn", torn, "same", views[0] == views[1])
+            """, [t.a, t.b], timeout: 300)
+        #expect(r.ok && r.stdout.contains("failures [] torn [] same True"), "\(r)")
+        t.unmountAndCheck()
+    }
+
+    /// Two machines untarring a tree into different directories at once: both trees complete, seen
+    /// through the other mount.
+    @Test func concurrentUntarsAreCompleteOnBothMounts() throws {
+        let t = try TwoMachines("untar")
+        defer { t.cleanup() }
+        let src = t.sb.root + "/tree"
+        let make = E2E.py(
+            """
+            import os, sys, random
+            root, rnd = sys.argv[1], random.Random(7)
+            for d in range(12):
+                for s in range(4):
+                    p = f"{root}/d{d}/s{s}"; os.makedirs(p)
+                    for f in range(8):
+                        with open(f"{p}/f{f}.txt", "wb") as fh: fh.write(os.urandom(rnd.randrange(0, 70000)))
+                    os.symlink(f"f0.txt", f"{p}/link")
+            """, [src])
+        try #require(make.ok, "\(make)")
+        try #require(E2E.sh("tar -C \(src) -cf \(t.sb.root)/tree.tar .").ok)
+        #expect(mkdir(t.a + "/one", 0o755) == 0 && mkdir(t.a + "/two", 0o755) == 0)
+        let both = E2E.sh(
+            "tar -C \(t.a)/one -xf \(t.sb.root)/tree.tar & p1=$!; tar -C \(t.b)/two -xf \(t.sb.root)/tree.tar & p2=$!; wait $p1 && wait $p2",
+            timeout: 300)
+        #expect(both.ok, "\(both)")
+        let d1 = E2E.sh("diff -r \(src) \(t.b)/one && diff -r \(src) \(t.a)/two")
+        #expect(d1.ok, "both trees complete through the other mount: \(d1)")
+        t.unmountAndCheck()
+    }
+
+    /// One machine killed -9 while the other keeps working: what it fsynced is there, the other mount
+    /// goes on, and once its lease lapses fsck can run and finds nothing wrong.
+    @Test func aKilledMachineLosesNothingItSynced() throws {
+        let t = try TwoMachines("kill")
+        defer { t.cleanup() }
+        let pids = Set(
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { pid_t($0) }.filter { pid in
+                let args = E2E.cmdline(pid)
+                return args.count > 3 && args[1] == "mount" && args.contains(t.uri) && args.contains(t.a) && E2E.isAlive(pid)
+            })
+        let pidA = try #require(pids.first, "the daemon of mount a")
+        let w = E2E.sh("for i in $(seq 1 20); do echo synced $i > \(t.a)/s$i; done; sync \(t.a)/s20 && echo unsynced > \(t.a)/late")
+        try #require(w.ok, "\(w)")
+        kill(pidA, SIGKILL)
+        #expect(E2E.wait(10) { !E2E.isAlive(pidA) })
+        E2E.run("/bin/fusermount3", ["-uz", t.a])
+        for i in 1...20 { #expect(E2E.readText(t.b + "/s\(i)") == "synced \(i)\n", "s\(i) on the other machine") }
+        let late = E2E.readText(t.b + "/late")
+        #expect(late == nil || late == "unsynced\n", "a file after the last sync is either there whole or not at all")
+        try E2E.write(t.b + "/after", "the other machine goes on")
+        #expect(E2E.readText(t.b + "/after") == "the other machine goes on")
+        #expect(t.coffer(["unmount", t.b], state: t.stateB).ok)
+        var checked: RunResult?
+        let start = Date()
+        while Date().timeIntervalSince(start) < 20 {
+            let r = t.coffer(["fsck", t.uri, "--passfile", t.sb.passfile], state: t.stateB)
+            checked = r
+            if r.status != 8 { break }
+            usleep(500_000)
+        }
+        #expect(checked?.ok == true && checked?.stdout.contains("0 problem(s)") == true, "\(String(describing: checked))")
+    }
+}
