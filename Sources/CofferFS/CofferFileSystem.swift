@@ -226,7 +226,18 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         for (ino, s) in inodes {
             if s.dirty { s.writeError = error }
             s.dropChunkMap()
-            if let r = try? store.inode(ino) {
+            let stored: InodeRecord?
+            do { stored = try store.inode(ino) } catch {
+                // The store cannot be read now (a lost server): nothing is known to be gone. A coherent
+                // mount rereads the record at its next use; this one is not to be written.
+                if options.coherent {
+                    s.dirty = false
+                    s.epoch = .max
+                    continue
+                }
+                stored = nil
+            }
+            if let r = stored {
                 // A stored record without links was written with its orphan row (`persist`).
                 s.record = r
                 s.dirty = false

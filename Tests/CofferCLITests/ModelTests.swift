@@ -163,7 +163,10 @@ final class ModelRun {
 
     let seed: UInt64
     let sandbox: Sandbox
-    let roots: [String]  // [mount side, reference side]
+    var roots: [String]  // [mount side, reference side]
+    /// Several machines (SharedMountTests): the mount side moves between `mountRoots` every `every` operations.
+    let mountRoots: [String]
+    let every: Int
     let operations: Int
     let checkEvery: Int
     var rng: SplitMix64
@@ -175,10 +178,15 @@ final class ModelRun {
     var remounts = 0
     var checks = 0
 
-    init(seed: UInt64, sandbox: Sandbox, mountRoot: String, refRoot: String, operations: Int, checkEvery: Int = 50) {
+    init(
+        seed: UInt64, sandbox: Sandbox, mountRoot: String, refRoot: String, operations: Int, checkEvery: Int = 50,
+        otherMount: (root: String, every: Int)? = nil
+    ) {
         self.seed = seed
         self.sandbox = sandbox
         self.roots = [mountRoot, refRoot]
+        self.mountRoots = [mountRoot] + (otherMount.map { [$0.root] } ?? [])
+        self.every = otherMount?.every ?? Int.max
         self.operations = operations
         self.checkEvery = checkEvery
         self.rng = SplitMix64(seed: seed)
@@ -541,6 +549,7 @@ final class ModelRun {
         for side in 0...1 {
             guard mkdir(roots[side], 0o755) == 0 else { return "mkdir \(roots[side]): \(ModelOutcome.errnoName(errno))" }
         }
+        if mountRoots.count > 1 { usleep(1_100_000) }  // the other mount's kernel may have cached "no such directory"
         defer { closeAll() }
         func failure(_ index: Int, _ op: ModelOp, _ what: String) -> String {
             "seed \(seed), operation #\(index) \(op): \(what)\nlast operations:\n  " + history.suffix(25).joined(separator: "\n  ")
@@ -552,6 +561,14 @@ final class ModelRun {
         }
         // Checks come between operations and draw nothing: COFFER_MODEL_CHECK_EVERY does not change the sequence.
         for index in 0...operations {
+            if mountRoots.count > 1, index > 0, index % every == 0 {
+                // The other machine from here on, once what this one's kernel showed has expired there (1 s).
+                // Descriptors stay with the machine that opened them: close them (on both sides).
+                closeAll()
+                roots[0] = mountRoots[(index / every) % mountRoots.count]
+                history.append("(descriptors closed; now on \(roots[0]))")
+                usleep(1_100_000)
+            }
             let op: ModelOp = index == operations ? .remount : draw()
             history.append("#\(index) \(op)")
             if case .remount = op {

@@ -21,10 +21,18 @@ private final class TwoMachines {
     var stateB: String { sb.root + "/machine2" }
     static let leaseEnv = ["COFFER_PG_LEASE_SECONDS": "4"]
 
+    /// A cluster of this suite's own: other suites of the process restart theirs (PostgresCLITests).
+    static let ownCluster: Result<PostgresCluster, any Error> = Result {
+        let cluster = try PostgresCluster()
+        atexit { if case .success(let c) = TwoMachines.ownCluster { c.destroy() } }
+        return cluster
+    }
+
     init(_ label: String) throws {
         sb = try Sandbox(label)
-        uri = sb.isDirectoryContainer ? try TestEngine.freshURI() : sb.container
-        cluster = try TestEngine.cluster()
+        cluster = try Self.ownCluster.get()
+        uri = cluster.superuserURI + "&container=c_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased().prefix(20)
+        sb.container = uri  // the sandbox's own remount (the model test) mounts it too
         try #require(mkdir(b, 0o755) == 0)
         let i = sb.initContainer(container: uri)
         try #require(i.ok, "\(i)")
@@ -267,6 +275,28 @@ struct SharedMountTests {
         #expect(both.ok, "\(both)")
         let d1 = E2E.sh("diff -r \(src) \(t.b)/one && diff -r \(src) \(t.a)/two")
         #expect(d1.ok, "both trees complete through the other mount: \(d1)")
+        t.unmountAndCheck()
+    }
+
+    /// The model test (ModelTests) with its operations going to one mount or the other, switching every
+    /// 25 operations (and waiting out the kernel's 1 s attribute timeout at each switch), against one
+    /// plain directory. COFFER_SHARED_MODEL_SEEDS (default 3) sets how many seeds.
+    @Test func theModelAcrossTwoMounts() throws {
+        let t = try TwoMachines("model2")
+        defer { t.cleanup() }
+        let env = ProcessInfo.processInfo.environment
+        let count = env["COFFER_SHARED_MODEL_SEEDS"].flatMap { Int($0) } ?? 3
+        let base = env["COFFER_MODEL_BASE"].flatMap { UInt64($0) } ?? UInt64.random(in: 1...999_999_999)
+        let refBase = t.sb.root + "/ref"
+        try #require(mkdir(refBase, 0o755) == 0)
+        print("SharedMountTests: model over two mounts, \(count) seeds from \(base) (COFFER_MODEL_BASE=\(base) replays the run)")
+        for seed in (0..<count).map({ base &+ UInt64($0) }) {
+            let run = ModelRun(
+                seed: seed, sandbox: t.sb, mountRoot: t.a + "/s\(seed)", refRoot: refBase + "/s\(seed)", operations: 200,
+                otherMount: (t.b + "/s\(seed)", every: 25))
+            if let failure = try run.run() { Issue.record("\(failure)\n(COFFER_MODEL_BASE=\(seed) COFFER_SHARED_MODEL_SEEDS=1 replays it)") }
+            try #require(E2E.isMounted(t.a) && E2E.isMounted(t.b), "both mounts still there after seed \(seed)")
+        }
         t.unmountAndCheck()
     }
 

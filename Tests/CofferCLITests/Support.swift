@@ -362,7 +362,8 @@ enum E2E {
 final class Sandbox: @unchecked Sendable {
     let root: String
     let password: String
-    let container: String
+    /// The container's directory or URI (a test of a PostgreSQL container may point it at its own URI).
+    var container: String
     /// The container is a directory (`c`): tests of files in it need one.
     var isDirectoryContainer: Bool { !TestEngine.isURI(container) }
     var mnt: String { root + "/m" }
