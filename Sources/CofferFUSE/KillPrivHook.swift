@@ -78,6 +78,7 @@ final class KillPrivHook: Sendable {
         _ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int,
         _ userdata: UnsafeMutableRawPointer?
     ) -> Int {
+        ReplyCheck.finishPrevious(fd, logger: context(userdata)?.logger)
         let n = context(userdata)?.reader.read(fd, buf, len) ?? Glibc.read(fd, buf, len)
         guard n >= inHeaderSize, let buf else {
             let saved = errno  // libfuse reads errno after a failed read
@@ -88,6 +89,7 @@ final class KillPrivHook: Sendable {
         func u32(_ at: Int) -> UInt32? { at + 4 <= n ? buf.loadUnaligned(fromByteOffset: at, as: UInt32.self) : nil }
         let opcode = buf.loadUnaligned(fromByteOffset: 4, as: UInt32.self)
         let nodeid = buf.loadUnaligned(fromByteOffset: 16, as: UInt64.self)
+        ReplyCheck.began(unique: buf.loadUnaligned(fromByteOffset: 8, as: UInt64.self), opcode: opcode)
         let body = inHeaderSize
         var kill = false
         switch Opcode(rawValue: opcode) {
@@ -110,6 +112,9 @@ final class KillPrivHook: Sendable {
         _ fd: Int32, _ iov: UnsafeMutablePointer<iovec>?, _ count: Int32,
         _ userdata: UnsafeMutableRawPointer?
     ) -> Int {
+        if let iov, count > 0, iov[0].iov_len >= outHeaderSize, let base = iov[0].iov_base {
+            ReplyCheck.answered(unique: base.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+        }
         if let iov, count > 0, iov[0].iov_len >= outHeaderSize, let base = iov[0].iov_base, let hook = hook(userdata) {
             let pending = hook.pendingInit.load(ordering: .acquiring)
             if pending != 0 && base.loadUnaligned(fromByteOffset: 8, as: UInt64.self) == pending {
