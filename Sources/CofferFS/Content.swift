@@ -14,6 +14,9 @@ extension CofferFileSystem {
         let s = try meta.withLock { () throws(FSError) -> InodeState in
             let s = try state(ino)
             if s.isDirectory { throw .isDirectory }
+            // Close-to-open: a name another mount removed is not opened from this kernel's stale entry (a
+            // rollback journal deleted elsewhere would be replayed); ESTALE makes the kernel look it up again.
+            if s.unlinkedElsewhere && options.coherent { throw FSError(ESTALE) }
             return s
         }
         if flags & O_TRUNC != 0 && s.isRegular { try truncate(s, to: 0) }
