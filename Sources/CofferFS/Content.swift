@@ -32,6 +32,16 @@ extension CofferFileSystem {
         return OpenResult(handle: .none, keepCache: !changed, attributesChanged: changed)
     }
 
+    /// Whether another mount changed the file since the kernel was last told (its cached pages are stale),
+    /// clearing the mark: the caller has the kernel drop them. False when the file cannot be read.
+    func takeChangedElsewhere(_ ino: InodeNumber) -> Bool {
+        meta.withLock {
+            guard let s = try? state(ino) else { return false }
+            defer { s.changedElsewhere = false }
+            return s.changedElsewhere
+        }
+    }
+
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
         try meta.withLock { () throws(FSError) -> (Attributes, OpenResult) in
             let s = try makeNode(parent: parent, name: name, mode: UInt32(S_IFREG) | (mode & 0o7777), caller: caller)
