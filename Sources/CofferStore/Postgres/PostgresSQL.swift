@@ -64,8 +64,11 @@ struct PostgresSQL: Sendable {
             + "CREATE INDEX IF NOT EXISTS locks_inode ON \(q).locks(inode)"
     }
     /// Taken first in every lock transaction: the container's lock table decides one change at a time.
-    /// Its own key space (`locksSpace`), so lock waits never hold up a commit.
-    var locksLock: String { "SELECT pg_advisory_xact_lock(\(Self.locksSpace), hashtext($1))" }
+    /// Its own key space (`locksSpace`), so lock waits never hold up a commit. Waited for 5 s at most
+    /// (the transaction's lock_timeout, set first): a lock request never holds a FUSE worker longer.
+    var locksLock: String {
+        "SELECT set_config('lock_timeout', '5s', true), pg_advisory_xact_lock(\(Self.locksSpace), hashtext($1))"
+    }
     /// The advisory lock space of file-lock decisions ("COLK").
     static let locksSpace: Int32 = 0x434F_4C4B
     /// Rows whose holder has no live lease (a mount that died, or was cut off longer than its lease) go.
