@@ -29,6 +29,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     private var held = Set<LockKey>()
     /// POSIX owners that locked through each open file (an OFD lock's owner is its open file).
     private var ownersByHandle: [HandleID: Set<UInt64>] = [:]
+    private var lastHandle: HandleID = 0
     private let lockBook = Lock()
 
     private struct LockKey: Hashable {
@@ -79,7 +80,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func forget(_ ino: InodeNumber, lookups: UInt64) { fs.forget(ino, lookups: lookups) }
     public func getattr(_ ino: InodeNumber) throws(FSError) -> Attributes { try fs.getattr(ino) }
     public func setattr(_ ino: InodeNumber, changes: AttributeChanges, handle: HandleID?, caller: Caller) throws(FSError) -> Attributes {
-        try change { () throws(FSError) in try fs.setattr(ino, changes: changes, handle: handle, caller: caller) }
+        try change { () throws(FSError) in try fs.setattr(ino, changes: changes, handle: handle.map { _ in .none }, caller: caller) }
     }
     public func readlink(_ ino: InodeNumber) throws(FSError) -> [UInt8] { try fs.readlink(ino) }
     public func clearSetID(_ ino: InodeNumber) throws(FSError) { try change { () throws(FSError) in try fs.clearSetID(ino) } }
@@ -111,30 +112,45 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func open(_ ino: InodeNumber, flags: Int32, caller: Caller) throws(FSError) -> OpenResult {
         do { try fs.store.catchUp() } catch { throw fs.fsError(error) }
         if flags & O_TRUNC != 0 && !isReadOnly {
-            return try change { () throws(FSError) in try fs.open(ino, flags: flags, caller: caller) }
+            return handed(try change { () throws(FSError) in try fs.open(ino, flags: flags, caller: caller) })
         }
-        return try fs.open(ino, flags: flags, caller: caller)
+        return handed(try fs.open(ino, flags: flags, caller: caller))
     }
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
-        try change { () throws(FSError) in try fs.create(parent: parent, name: name, mode: mode, flags: flags, caller: caller) }
+        let (attributes, result) = try change { () throws(FSError) in
+            try fs.create(parent: parent, name: name, mode: mode, flags: flags, caller: caller)
+        }
+        return (attributes, handed(result))
+    }
+
+    /// With shared locks every open file gets a handle of its own (the filesystem below needs none, and
+    /// gets `.none`): the open file an OFD lock belongs to is known at its RELEASE by it.
+    private func handed(_ result: OpenResult) -> OpenResult {
+        guard locks != nil else { return result }
+        var r = result
+        r.handle = lockBook.withLock {
+            lastHandle += 1
+            return lastHandle
+        }
+        return r
     }
     public func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8] {
-        try rereading { () throws(FSError) in try fs.read(ino, handle: handle, offset: offset, size: size) }
+        try rereading { () throws(FSError) in try fs.read(ino, handle: .none, offset: offset, size: size) }
     }
     public func readChunks(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> ChunkRead {
-        try rereading { () throws(FSError) in try fs.readChunks(ino, handle: handle, offset: offset, size: size) }
+        try rereading { () throws(FSError) in try fs.readChunks(ino, handle: .none, offset: offset, size: size) }
     }
     public func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
-        try change { () throws(FSError) in try fs.write(ino, handle: handle, offset: offset, data: data) }
+        try change { () throws(FSError) in try fs.write(ino, handle: .none, offset: offset, data: data) }
     }
-    public func release(_ ino: InodeNumber, handle: HandleID) { fs.release(ino, handle: handle) }
+    public func release(_ ino: InodeNumber, handle: HandleID) { fs.release(ino, handle: .none) }
     /// Durable: a commit that waits for the server's disk, which covers every earlier commit too.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
         guard !isReadOnly else { return }
         try change(durable: true) { () throws(FSError) in try fs.checkWriteError(ino) }
     }
     public func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError) {
-        try change { () throws(FSError) in try fs.fallocate(ino, handle: handle, mode: mode, offset: offset, length: length) }
+        try change { () throws(FSError) in try fs.fallocate(ino, handle: .none, mode: mode, offset: offset, length: length) }
     }
 
     // MARK: Directories

@@ -238,6 +238,11 @@ struct SharedLocksTests {
         #expect(lines.contains("shared-60 EAGAIN") || lines.contains("shared-60 EACCES"), "a read lock under a write lock is refused: \(lines)")
         #expect(lines.contains("getlk W 50 50 \(holder.pid)"), "F_GETLK names the held range and its pid: \(lines)")
 
+        // Another process opening and closing the file on A (its FLUSH and RELEASE) leaves the holder's locks.
+        #expect(E2E.run("/bin/cat", [m.a + "/r"], timeout: 20).ok)
+        let again = E2E.run(E2E.python ?? "/usr/bin/python3", ["-c", rangeProbe, m.b + "/r"], timeout: 30)
+        #expect(again.stdout.contains("60-69 EAGAIN") || again.stdout.contains("60-69 EACCES"), "still held: \(again)")
+
         let (interrupted, iOut, iErr) = try m.python(rangeWaiter, [m.b + "/r", "alarm"])
         #expect(interrupted.wait(timeout: 15) == 0 && text(iOut).contains("interrupted"), "SIGALRM ends the wait: \(text(iOut)) \(text(iErr))")
 
