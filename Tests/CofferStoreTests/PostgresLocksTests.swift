@@ -76,6 +76,9 @@ struct PostgresLocksTests {
         try cluster.psql("UPDATE \(q).leases SET expires = now() - interval '1 second' WHERE holder = 'one'")
         #expect(try two.set(inode: 5, kind: .posix, owner: 1, type: .write, start: 50, end: 99, pid: 200).conflict == nil)
         #expect(try cluster.psql("SELECT count(*) FROM \(q).locks WHERE holder = 'one'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        // A row the server made up with a reversed or negative range is read as a valid range.
+        try cluster.psql("INSERT INTO \(q).locks VALUES (8, 0, 'two', 99, 1, -5, -9, 1)")
+        #expect(try one.test(inode: 8, kind: .posix, owner: 1, type: .read, start: 0, end: 0)?.range == FileLockRange(.write, 0, 0))
         // Unmount: every row of the holder goes.
         two.releaseAll()
         #expect(try cluster.psql("SELECT count(*) FROM \(q).locks").trimmingCharacters(in: .whitespacesAndNewlines) == "0")

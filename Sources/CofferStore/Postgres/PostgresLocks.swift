@@ -166,7 +166,9 @@ public final class PostgresLocks: @unchecked Sendable {
         return try (0..<r.rowCount).map { i in
             let h = try r.text(i, 0) ?? ""
             let type: FileLockType = (try r.int64(i, 2) ?? 1) == 0 ? .read : .write
-            let range = FileLockRange(type, try r.int64(i, 3) ?? 0, try r.int64(i, 4) ?? FileLockRange.toEnd)
+            // A row the server made up cannot make a range the kernel refuses (or a negative offset).
+            let start = max(0, try r.int64(i, 3) ?? 0)
+            let range = FileLockRange(type, start, max(start, try r.int64(i, 4) ?? FileLockRange.toEnd))
             let pid = Int32(truncatingIfNeeded: try r.int64(i, 5) ?? 0)
             let sameHost = (try r.text(i, 6)) == host
             return Row(holder: h, owner: try r.int64(i, 1) ?? 0, range: range, pid: sameHost ? pid : 0, storedPid: pid)
