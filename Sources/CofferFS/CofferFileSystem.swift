@@ -204,6 +204,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             throw FSError(ESTALE)
         }
         guard record != s.record else { return }
+        if record.nlink == 0 && s.record.nlink > 0 { s.unlinkedElsewhere = true }
         if record.contentId != s.record.contentId { s.wipeCipher() }
         s.record = record
         s.dropChunkMap()

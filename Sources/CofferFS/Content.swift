@@ -14,6 +14,9 @@ extension CofferFileSystem {
         let s = try meta.withLock { () throws(FSError) -> InodeState in
             let s = try state(ino)
             if s.isDirectory { throw .isDirectory }
+            // Close-to-open: a name another mount removed is not opened from this kernel's stale entry (a
+            // rollback journal deleted elsewhere would be replayed); ESTALE makes the kernel look it up again.
+            if s.unlinkedElsewhere && options.coherent { throw FSError(ESTALE) }
             return s
         }
         if flags & O_TRUNC != 0 && s.isRegular { try truncate(s, to: 0) }
@@ -27,6 +30,16 @@ extension CofferFileSystem {
             return s.changedElsewhere
         }
         return OpenResult(handle: .none, keepCache: !changed, attributesChanged: changed)
+    }
+
+    /// Whether another mount changed the file since the kernel was last told (its cached pages are stale),
+    /// clearing the mark: the caller has the kernel drop them. False when the file cannot be read.
+    func takeChangedElsewhere(_ ino: InodeNumber) -> Bool {
+        meta.withLock {
+            guard let s = try? state(ino) else { return false }
+            defer { s.changedElsewhere = false }
+            return s.changedElsewhere
+        }
     }
 
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {

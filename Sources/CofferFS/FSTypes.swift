@@ -222,3 +222,24 @@ public struct CacheTimeouts: Sendable {
         self.negativeEntry = negativeEntry
     }
 }
+
+/// A file lock as the FUSE lock requests carry it: the range `start...end` (inclusive; `FileLock.toEnd`
+/// reaches past any end of file), its type, and the process that asked (or, in an F_GETLK answer, that
+/// holds it: 0 when it is held through a mount on another host).
+public struct FileLock: Sendable, Equatable {
+    public enum LockType: Sendable, Equatable {
+        case read, write
+    }
+    public static let toEnd = UInt64(Int64.max)
+    public var type: LockType
+    public var start: UInt64
+    public var end: UInt64
+    public var pid: Int32
+
+    public init(type: LockType, start: UInt64, end: UInt64, pid: Int32) {
+        self.type = type
+        self.start = start
+        self.end = end
+        self.pid = pid
+    }
+}

@@ -1,3 +1,5 @@
+import Glibc
+
 /// The filesystem surface the FUSE adapter calls, one method per low-level operation.
 ///
 /// Errors are thrown as `FSError` (errno). Names are raw bytes (Linux names need not be UTF-8),
@@ -68,6 +70,32 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// Commits everything and stops accepting work (unmount).
     func shutdown()
 
+    // MARK: Locks shared with other mounts
+
+    /// True when this filesystem decides flock and POSIX record locks itself (several mounts of one
+    /// container see each other's locks): the adapter then has the kernel send every lock request, and
+    /// FLUSH at every close. False (the default): the kernel keeps locks, per mount, and the lock
+    /// methods below are never called.
+    var sharesLocks: Bool { get }
+    /// The lock of another owner that keeps `lock` out (F_GETLK), nil when there is none.
+    func testLock(_ ino: InodeNumber, owner: UInt64, lock: FileLock) throws(FSError) -> FileLock?
+    /// Sets `owner`'s POSIX lock on `start...end` (`type` nil: unlocks it), splitting and merging the
+    /// owner's ranges as fcntl does. Never waits: EAGAIN when another owner's lock conflicts (the
+    /// adapter retries blocking requests). `handle`: the open file it came through (an OFD lock's owner
+    /// is its open file, so its locks go at `releaseLocks`). Returns true when a lock was taken on a file
+    /// another mount changed since the kernel cached it: the adapter has the kernel drop its pages before
+    /// answering (what the last holder wrote is then read, as NFS does at a lock).
+    func setLock(_ ino: InodeNumber, handle: HandleID, owner: UInt64, type: FileLock.LockType?, start: UInt64, end: UInt64, pid: Int32)
+        throws(FSError) -> Bool
+    /// flock(2) on the whole file for `owner` (the open file); `type` nil unlocks. EWOULDBLOCK when held
+    /// elsewhere. Returns as `setLock` does.
+    func flock(_ ino: InodeNumber, handle: HandleID, owner: UInt64, type: FileLock.LockType?, pid: Int32) throws(FSError) -> Bool
+    /// A close(2): `owner`'s POSIX locks on the inode go (POSIX: any close by the process drops them).
+    func flush(_ ino: InodeNumber, handle: HandleID, owner: UInt64)
+    /// The last close of an open file: its flock lock (`flockOwner`, when the kernel says it took one)
+    /// and the locks of owners that locked through it (OFD locks) go. Before `release`.
+    func releaseLocks(_ ino: InodeNumber, handle: HandleID, flockOwner: UInt64?)
+
     /// Called once the kernel has answered INIT, with whether it keeps the writeback cache. With it, the
     /// kernel owns a regular file's mtime and ctime: it stamps them itself on write(2), mmap writes,
     /// truncate and fallocate, and sends them in a SETATTR, which may come before the WRITEs of the same
@@ -77,6 +105,16 @@ public protocol FileSystemOperations: AnyObject, Sendable {
 
 extension FileSystemOperations {
     public var opensWithoutHandles: Bool { false }
+    public var sharesLocks: Bool { false }
+    public func testLock(_ ino: InodeNumber, owner: UInt64, lock: FileLock) throws(FSError) -> FileLock? { throw FSError(ENOSYS) }
+    public func setLock(
+        _ ino: InodeNumber, handle: HandleID, owner: UInt64, type: FileLock.LockType?, start: UInt64, end: UInt64, pid: Int32
+    ) throws(FSError) -> Bool { throw FSError(ENOSYS) }
+    public func flock(_ ino: InodeNumber, handle: HandleID, owner: UInt64, type: FileLock.LockType?, pid: Int32) throws(FSError) -> Bool {
+        throw FSError(ENOSYS)
+    }
+    public func flush(_ ino: InodeNumber, handle: HandleID, owner: UInt64) {}
+    public func releaseLocks(_ ino: InodeNumber, handle: HandleID, flockOwner: UInt64?) {}
     public func writebackCacheGranted(_ granted: Bool) {}
     public func readChunks(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> ChunkRead {
         ChunkRead(start: offset, bytes: try read(ino, handle: handle, offset: offset, size: size))

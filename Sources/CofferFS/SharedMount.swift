@@ -1,5 +1,6 @@
 import CofferStore
 import Glibc
+import Logging
 
 /// The filesystem as one of several mounts of a shared container (PostgreSQL; docs/ARCHITECTURE.md,
 /// "Several mounts at once"). It wraps a `CofferFileSystem` opened `coherent` and adds what sharing
@@ -16,12 +17,29 @@ import Glibc
 /// - A read whose chunks changed under it (a commit between the map and the rows) reads again.
 /// - The kernel keeps entries and attributes 1 s and no negative entries: the bound on how late
 ///   another mount's changes show in `ls` and `stat` (docs; README "Several machines").
+/// - With `locks`, flock and POSIX record locks are decided in the container's lock table, so every
+///   mount sees them (`sharesLocks`); without, they stay the kernel's, per mount.
 public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public let fs: CofferFileSystem
     /// One change at a time on this mount: its group is the one open transaction of the store.
     private let changes = Lock()
+    private let locks: PostgresLocks?
+    /// What this mount holds in the lock table (only this mount adds rows under its holder id): a close
+    /// or release with nothing here costs no round trip. Under `lockBook`.
+    private var held = Set<LockKey>()
+    /// POSIX owners that locked through each open file (an OFD lock's owner is its open file).
+    private var ownersByHandle: [HandleID: Set<UInt64>] = [:]
+    private var lastHandle: HandleID = 0
+    private let lockBook = Lock()
 
-    public init(_ fs: CofferFileSystem) { self.fs = fs }
+    private struct LockKey: Hashable {
+        let ino: InodeNumber, kind: FileLockKind, owner: UInt64
+    }
+
+    public init(_ fs: CofferFileSystem, locks: PostgresLocks? = nil) {
+        self.fs = fs
+        self.locks = locks
+    }
 
     public var cacheTimeouts: CacheTimeouts { CacheTimeouts(entry: 1, attributes: 1, negativeEntry: 0) }
     public var isReadOnly: Bool { fs.isReadOnly }
@@ -62,7 +80,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func forget(_ ino: InodeNumber, lookups: UInt64) { fs.forget(ino, lookups: lookups) }
     public func getattr(_ ino: InodeNumber) throws(FSError) -> Attributes { try fs.getattr(ino) }
     public func setattr(_ ino: InodeNumber, changes: AttributeChanges, handle: HandleID?, caller: Caller) throws(FSError) -> Attributes {
-        try change { () throws(FSError) in try fs.setattr(ino, changes: changes, handle: handle, caller: caller) }
+        try change { () throws(FSError) in try fs.setattr(ino, changes: changes, handle: handle.map { _ in .none }, caller: caller) }
     }
     public func readlink(_ ino: InodeNumber) throws(FSError) -> [UInt8] { try fs.readlink(ino) }
     public func clearSetID(_ ino: InodeNumber) throws(FSError) { try change { () throws(FSError) in try fs.clearSetID(ino) } }
@@ -94,30 +112,45 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func open(_ ino: InodeNumber, flags: Int32, caller: Caller) throws(FSError) -> OpenResult {
         do { try fs.store.catchUp() } catch { throw fs.fsError(error) }
         if flags & O_TRUNC != 0 && !isReadOnly {
-            return try change { () throws(FSError) in try fs.open(ino, flags: flags, caller: caller) }
+            return handed(try change { () throws(FSError) in try fs.open(ino, flags: flags, caller: caller) })
         }
-        return try fs.open(ino, flags: flags, caller: caller)
+        return handed(try fs.open(ino, flags: flags, caller: caller))
     }
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
-        try change { () throws(FSError) in try fs.create(parent: parent, name: name, mode: mode, flags: flags, caller: caller) }
+        let (attributes, result) = try change { () throws(FSError) in
+            try fs.create(parent: parent, name: name, mode: mode, flags: flags, caller: caller)
+        }
+        return (attributes, handed(result))
+    }
+
+    /// With shared locks every open file gets a handle of its own (the filesystem below needs none, and
+    /// gets `.none`): the open file an OFD lock belongs to is known at its RELEASE by it.
+    private func handed(_ result: OpenResult) -> OpenResult {
+        guard locks != nil else { return result }
+        var r = result
+        r.handle = lockBook.withLock {
+            lastHandle += 1
+            return lastHandle
+        }
+        return r
     }
     public func read(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> [UInt8] {
-        try rereading { () throws(FSError) in try fs.read(ino, handle: handle, offset: offset, size: size) }
+        try rereading { () throws(FSError) in try fs.read(ino, handle: .none, offset: offset, size: size) }
     }
     public func readChunks(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> ChunkRead {
-        try rereading { () throws(FSError) in try fs.readChunks(ino, handle: handle, offset: offset, size: size) }
+        try rereading { () throws(FSError) in try fs.readChunks(ino, handle: .none, offset: offset, size: size) }
     }
     public func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
-        try change { () throws(FSError) in try fs.write(ino, handle: handle, offset: offset, data: data) }
+        try change { () throws(FSError) in try fs.write(ino, handle: .none, offset: offset, data: data) }
     }
-    public func release(_ ino: InodeNumber, handle: HandleID) { fs.release(ino, handle: handle) }
+    public func release(_ ino: InodeNumber, handle: HandleID) { fs.release(ino, handle: .none) }
     /// Durable: a commit that waits for the server's disk, which covers every earlier commit too.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
         guard !isReadOnly else { return }
         try change(durable: true) { () throws(FSError) in try fs.checkWriteError(ino) }
     }
     public func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError) {
-        try change { () throws(FSError) in try fs.fallocate(ino, handle: handle, mode: mode, offset: offset, length: length) }
+        try change { () throws(FSError) in try fs.fallocate(ino, handle: .none, mode: mode, offset: offset, length: length) }
     }
 
     // MARK: Directories
@@ -144,6 +177,91 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
         try change { () throws(FSError) in try fs.removexattr(ino, name: name) }
     }
 
-    public func shutdown() { fs.shutdown() }
+    // MARK: Locks
+
+    public var sharesLocks: Bool { locks != nil }
+
+    public func testLock(_ ino: InodeNumber, owner: UInt64, lock: FileLock) throws(FSError) -> FileLock? {
+        let table = try lockTable()
+        let c: FileLockConflict?
+        do {
+            c = try table.test(
+                inode: Int64(bitPattern: ino), kind: .posix, owner: Int64(bitPattern: owner), type: Self.storeType(lock.type),
+                start: Self.offset(lock.start), end: Self.offset(lock.end))
+        } catch { throw lockFailure(error) }
+        return c.map {
+            FileLock(type: $0.range.type == .read ? .read : .write, start: UInt64($0.range.start), end: UInt64($0.range.end), pid: $0.pid)
+        }
+    }
+
+    public func setLock(
+        _ ino: InodeNumber, handle: HandleID, owner: UInt64, type: FileLock.LockType?, start: UInt64, end: UInt64, pid: Int32
+    ) throws(FSError) -> Bool {
+        let stale = try set(LockKey(ino: ino, kind: .posix, owner: owner), type: type, start: start, end: end, pid: pid)
+        if type != nil {
+            _ = lockBook.withLock { ownersByHandle[handle, default: []].insert(owner) }
+        }
+        return stale
+    }
+
+    public func flock(_ ino: InodeNumber, handle: HandleID, owner: UInt64, type: FileLock.LockType?, pid: Int32) throws(FSError) -> Bool {
+        try set(LockKey(ino: ino, kind: .flock, owner: owner), type: type, start: 0, end: FileLock.toEnd, pid: pid)
+    }
+
+    public func flush(_ ino: InodeNumber, handle: HandleID, owner: UInt64) {
+        _ = try? set(LockKey(ino: ino, kind: .posix, owner: owner), type: nil, start: 0, end: FileLock.toEnd, pid: 0)
+    }
+
+    public func releaseLocks(_ ino: InodeNumber, handle: HandleID, flockOwner: UInt64?) {
+        if let flockOwner { _ = try? set(LockKey(ino: ino, kind: .flock, owner: flockOwner), type: nil, start: 0, end: FileLock.toEnd, pid: 0) }
+        let owners = lockBook.withLock { ownersByHandle.removeValue(forKey: handle) } ?? []
+        for owner in owners {
+            _ = try? set(LockKey(ino: ino, kind: .posix, owner: owner), type: nil, start: 0, end: FileLock.toEnd, pid: 0)
+        }
+    }
+
+    /// One change of an owner's locks in the table; an unlock of nothing this mount holds costs nothing.
+    /// True: a lock was taken on a file whose kernel pages are stale (`setLock`).
+    private func set(_ key: LockKey, type: FileLock.LockType?, start: UInt64, end: UInt64, pid: Int32) throws(FSError) -> Bool {
+        if type == nil && !lockBook.withLock({ held.contains(key) }) { return false }
+        let table = try lockTable()
+        let result: (conflict: FileLockConflict?, held: Bool)
+        do {
+            result = try table.set(
+                inode: Int64(bitPattern: key.ino), kind: key.kind, owner: Int64(bitPattern: key.owner), type: type.map(Self.storeType),
+                start: Self.offset(start), end: Self.offset(end), pid: pid)
+        } catch { throw lockFailure(error) }
+        lockBook.withLock {
+            if result.held { held.insert(key) } else { held.remove(key) }
+        }
+        if result.conflict != nil { throw FSError(EAGAIN) }
+        guard type != nil else { return false }
+        // A lock just taken: what the last holder committed is read from the server, not from records
+        // cached before (the listener's word on it may still be on its way), nor from the kernel's pages.
+        _ = try? fs.store.catchUp()
+        return fs.takeChangedElsewhere(key.ino)
+    }
+
+    private func lockTable() throws(FSError) -> PostgresLocks {
+        guard let locks else { throw FSError(ENOSYS) }
+        return locks
+    }
+
+    private func lockFailure(_ error: any Error) -> FSError {
+        fs.logger.warning("file lock: the lock table cannot be reached: \(error)")
+        return FSError(ENOLCK)
+    }
+
+    private static func storeType(_ t: FileLock.LockType) -> FileLockType { t == .read ? .read : .write }
+    private static func offset(_ o: UInt64) -> Int64 { Int64(min(o, FileLock.toEnd)) }
+
+    /// This mount's locks go first (the other mounts get them at once), then the filesystem.
+    public func shutdown() {
+        if let locks {
+            locks.releaseAll()
+            locks.close()
+        }
+        fs.shutdown()
+    }
     public func writebackCacheGranted(_ granted: Bool) { fs.writebackCacheGranted(granted) }
 }

@@ -22,6 +22,8 @@ final class FUSEContext: @unchecked Sendable {
     let reader = RequestReader()
     /// Hands the rest of each decrypted chunk to the kernel's page cache; read-only mounts only (PageCacheFiller).
     let pageFiller: PageCacheFiller?
+    /// Blocking lock requests parked off the workers (filesystems that share locks only).
+    let lockWaiters = LockWaiters()
     private let shutdownDone = Atomic<Bool>(false)
     /// The session while its loop runs: for telling the kernel what changed elsewhere (`dropAttributes`).
     let session = Mutex<SessionPointer?>(nil)

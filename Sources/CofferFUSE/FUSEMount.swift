@@ -156,7 +156,7 @@ public final class FUSEMount: @unchecked Sendable {
             killPrivV2: options.killPrivV2)
         context = ctx
 
-        var ops = LowLevelOps.make()
+        var ops = LowLevelOps.make(sharesLocks: filesystem.sharesLocks)
         let userdata = Unmanaged.passRetained(ctx)
         defer { userdata.release() }
         guard let se = fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, userdata.toOpaque()) else {
@@ -174,10 +174,13 @@ public final class FUSEMount: @unchecked Sendable {
                 $0.phase = .finished
                 $0.session = nil
             }
+            // Parked lock requests are answered (EINTR) while the session still exists.
+            ctx.lockWaiters.stop()
             if mounted { fuse_session_unmount(se) }
-            // A store blocked on a page a READ holds (no worker answers it now) ends when the connection does;
-            // if it has not, the session must outlive it (the process is about to exit).
-            if ctx.pageFiller?.stop() == false {
+            // A store (or a lock's page drop) blocked on a page a READ holds (no worker answers it now) ends
+            // when the connection does; if it has not, the session must outlive it (the process is about to exit).
+            let pagesDropped = ctx.lockWaiters.detach()
+            if ctx.pageFiller?.stop() == false || !pagesDropped {
                 logger.error("FUSE: a page-cache store did not end; the session is left to the exit")
                 ctx.shutdownOnce()
             } else {
@@ -234,6 +237,7 @@ public final class FUSEMount: @unchecked Sendable {
             ])
 
         ctx.pageFiller?.start(session: se)
+        ctx.lockWaiters.attach(se)
         ctx.session.withLock { $0 = FUSEContext.SessionPointer(pointer: se) }
         startWatcher(deviceBefore: deviceBefore, context: ctx, onReady: onReady)
 
@@ -250,7 +254,9 @@ public final class FUSEMount: @unchecked Sendable {
             result = fuse_session_loop_mt(se, config)
             fuse_loop_cfg_destroy(config)
         }
-        // Stop answering, then unmount and destroy (deferred above), which calls shutdown.
+        // Stop answering (parked lock requests get EINTR: the workers are gone, nothing parks again),
+        // then unmount and destroy (deferred above), which calls shutdown.
+        ctx.lockWaiters.stop()
         ctx.session.withLock { $0 = nil }
         state.withLock {
             $0.phase = .finished

@@ -26,8 +26,8 @@ extension LowLevelOps {
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
             // Closing needs no round trip: the filesystem's flush does nothing (changes go out
-            // with the group commit; locks are kernel-local).
-            fi.pointee.noflush = 1
+            // with the group commit; locks are kernel-local), unless locks are shared.
+            fi.pointee.noflush = ctx.fs.sharesLocks ? 0 : 1
             if fuse_reply_open(req, fi) != 0 {
                 // The kernel gave up on this open (interrupted): it will never release the handle.
                 ctx.fs.release(ino, handle: result.handle)
@@ -52,7 +52,7 @@ extension LowLevelOps {
                 caller: caller(req))
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
-            fi.pointee.noflush = 1
+            fi.pointee.noflush = ctx.fs.sharesLocks ? 0 : 1
             var e = ctx.entryParam(attributes)
             if fuse_reply_create(req, &e, fi) != 0 {
                 ctx.fs.release(attributes.ino, handle: result.handle)
@@ -102,7 +102,14 @@ extension LowLevelOps {
     }
 
     static func release(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
-        if let ctx = context(req), let fi { ctx.fs.release(ino, handle: fi.pointee.fh) }
+        if let ctx = context(req), let fi {
+            if ctx.fs.sharesLocks {
+                let flockOwner = fi.pointee.flock_release != 0 ? fi.pointee.lock_owner : nil
+                ctx.fs.releaseLocks(ino, handle: fi.pointee.fh, flockOwner: flockOwner)
+                ctx.lockWaiters.kick()
+            }
+            ctx.fs.release(ino, handle: fi.pointee.fh)
+        }
         replyOK(req)
     }
 

@@ -8,7 +8,7 @@ import Logging
 /// fusefrontend is: names and attributes (LowLevelOps+Nodes), file content (+Files), directories
 /// (+Directories), extended attributes (+Xattrs); here the table, the plumbing, the lifecycle and statfs.
 enum LowLevelOps {
-    static func make() -> fuse_lowlevel_ops {
+    static func make(sharesLocks: Bool = false) -> fuse_lowlevel_ops {
         var ops = fuse_lowlevel_ops()
         ops.`init` = { userdata, conn in LowLevelOps.initialize(userdata, conn) }
         ops.destroy = { userdata in LowLevelOps.destroy(userdata) }
@@ -30,8 +30,8 @@ enum LowLevelOps {
         ops.open = { req, ino, fi in LowLevelOps.open(req, ino, fi) }
         ops.read = { req, ino, size, off, fi in LowLevelOps.read(req, ino, size, off, fi) }
         ops.write = { req, ino, buf, size, off, fi in LowLevelOps.write(req, ino, buf, size, off, fi) }
-        // No flush: close has nothing to do (changes go out with the group commit; locks are
-        // kernel-local). libfuse answers ENOSYS once and the kernel stops sending FLUSH; `noflush`
+        // No flush (unless locks are shared, below): close has nothing to do (changes go out with the
+        // group commit; locks are kernel-local). libfuse answers ENOSYS once and the kernel stops sending FLUSH; `noflush`
         // alone is ignored by the kernel when the writeback cache is on.
         ops.release = { req, ino, fi in LowLevelOps.release(req, ino, fi) }
         ops.fsync = { req, ino, datasync, fi in LowLevelOps.fsync(req, ino, datasync, fi) }
@@ -47,6 +47,13 @@ enum LowLevelOps {
         ops.removexattr = { req, ino, name in LowLevelOps.removexattr(req, ino, name) }
         ops.create = { req, parent, name, mode, fi in LowLevelOps.create(req, parent, name, mode, fi) }
         ops.fallocate = { req, ino, mode, off, len, fi in LowLevelOps.fallocate(req, ino, mode, off, len, fi) }
+        if sharesLocks {
+            // Locks shared with other mounts (LowLevelOps+Locks): every close must reach us with its owner.
+            ops.getlk = { req, ino, fi, lock in LowLevelOps.getlk(req, ino, fi, lock) }
+            ops.setlk = { req, ino, fi, lock, sleep in LowLevelOps.setlk(req, ino, fi, lock, sleep) }
+            ops.flock = { req, ino, fi, op in LowLevelOps.flock(req, ino, fi, op) }
+            ops.flush = { req, ino, fi in LowLevelOps.flush(req, ino, fi) }
+        }
         return ops
     }
 
@@ -121,9 +128,15 @@ enum LowLevelOps {
         enable(FUSE_CAP_READDIRPLUS_AUTO)
         enable(FUSE_CAP_PARALLEL_DIROPS)
         if ctx.writebackRequested { enable(FUSE_CAP_WRITEBACK_CACHE) } else { disable(FUSE_CAP_WRITEBACK_CACHE) }
-        // Locks stay kernel-local; no splice; no NFS export; the kernel clears suid/sgid itself.
-        disable(FUSE_CAP_POSIX_LOCKS)
-        disable(FUSE_CAP_FLOCK_LOCKS)
+        // Locks stay kernel-local unless the filesystem shares them with other mounts; no splice; no NFS
+        // export; the kernel clears suid/sgid itself.
+        if ctx.fs.sharesLocks {
+            enable(FUSE_CAP_POSIX_LOCKS)
+            enable(FUSE_CAP_FLOCK_LOCKS)
+        } else {
+            disable(FUSE_CAP_POSIX_LOCKS)
+            disable(FUSE_CAP_FLOCK_LOCKS)
+        }
         disable(FUSE_CAP_SPLICE_READ)
         disable(FUSE_CAP_SPLICE_WRITE)
         disable(FUSE_CAP_SPLICE_MOVE)

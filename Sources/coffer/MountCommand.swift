@@ -206,6 +206,13 @@ struct MountCommand: ParsableCommand {
                 store.close()
                 throw CLIFailure(message: "the container's store is damaged: the root directory does not open", code: ExitStatus.storeDamaged)
             }
+            // Locks every mount of the container sees (the lock table); kernel-local when it cannot be used.
+            var sharedLocks: PostgresLocks?
+            if shared, case .postgres(let p) = c.location, let holder = lock.lease?.me.holder {
+                do { sharedLocks = try PostgresLocks(p, holder: holder) } catch {
+                    logger.warning("file locks stay local to this mount: the container's lock table cannot be used: \(error)")
+                }
+            }
             let fuse: FUSEMount
             notifier?.status("Mounting on \(mnt)")
             do {
@@ -213,8 +220,9 @@ struct MountCommand: ParsableCommand {
                 // With the writeback cache the kernel keeps its own size of a file and never takes another mount's.
                 if shared { fuseOptions.writebackCache = false }
                 fuse = try FUSEMount(
-                    filesystem: shared ? SharedMount(fs) : fs, mountpoint: mnt, options: fuseOptions, logger: logger)
+                    filesystem: shared ? SharedMount(fs, locks: sharedLocks) : fs, mountpoint: mnt, options: fuseOptions, logger: logger)
             } catch {
+                sharedLocks?.close()
                 fs.shutdown()
                 throw CLIFailure(message: "\(error)", code: ExitStatus.mountFailed)
             }

@@ -28,6 +28,7 @@ struct PostgresSQL: Sendable {
         ALTER TABLE \(q).chunks ALTER COLUMN value SET STORAGE EXTERNAL;
         ALTER TABLE \(q).chunkmaps ALTER COLUMN value SET STORAGE EXTERNAL;
         \(createLeases);
+        \(createLocks);
         """
     }
 
@@ -53,6 +54,37 @@ struct PostgresSQL: Sendable {
             + "SELECT 1 / (SELECT count(*)::int FROM r)"
     }
     var deleteLease: String { "DELETE FROM \(q).leases WHERE holder = $1" }
+
+    // File locks shared by the mounts (PostgresLocks): plain numbers only (the inode's random id, the
+    // holder's lease id, the kernel's lock owner, the range, the pid), each row tied to its holder's
+    // lease. Made by the first mount that needs it on containers made before.
+    var createLocks: String {
+        "CREATE TABLE IF NOT EXISTS \(q).locks(inode bigint NOT NULL, kind integer NOT NULL, holder text NOT NULL, "
+            + "owner bigint NOT NULL, type integer NOT NULL, start bigint NOT NULL, stop bigint NOT NULL, pid integer NOT NULL); "
+            + "CREATE INDEX IF NOT EXISTS locks_inode ON \(q).locks(inode)"
+    }
+    /// Taken first in every lock transaction: the container's lock table decides one change at a time.
+    /// Its own key space (`locksSpace`), so lock waits never hold up a commit. Waited for 5 s at most
+    /// (the transaction's lock_timeout, set first): a lock request never holds a FUSE worker longer.
+    var locksLock: String {
+        "SELECT set_config('lock_timeout', '5s', true), pg_advisory_xact_lock(\(Self.locksSpace), hashtext($1))"
+    }
+    /// The advisory lock space of file-lock decisions ("COLK").
+    static let locksSpace: Int32 = 0x434F_4C4B
+    /// Rows whose holder has no live lease (a mount that died, or was cut off longer than its lease) go.
+    var dropLapsedLocks: String {
+        "DELETE FROM \(q).locks l WHERE l.inode = $1 AND NOT EXISTS "
+            + "(SELECT 1 FROM \(q).leases e WHERE e.holder = l.holder AND e.expires > now())"
+    }
+    var locksOfInode: String {
+        "SELECT l.holder, l.owner, l.type, l.start, l.stop, l.pid, coalesce(e.host, '') FROM \(q).locks l "
+            + "LEFT JOIN \(q).leases e ON e.holder = l.holder WHERE l.inode = $1 AND l.kind = $2"
+    }
+    var deleteOwnerLocks: String { "DELETE FROM \(q).locks WHERE inode = $1 AND kind = $2 AND holder = $3 AND owner = $4" }
+    var putLock: String {
+        "INSERT INTO \(q).locks(inode, kind, holder, owner, type, start, stop, pid) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+    }
+    var deleteHolderLocks: String { "DELETE FROM \(q).locks WHERE holder = $1" }
 
     // Several mounts at once (docs/FORMAT.md): the container's writer lock, taken first in every group
     // transaction (a transaction-level advisory lock, so a lost connection releases it), the sealed
