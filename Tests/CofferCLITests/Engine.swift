@@ -23,6 +23,19 @@ enum TestEngine {
         try cluster().superuserURI + "&container=c_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased().prefix(20)
     }
 
+    /// A second cluster, for the suites of several mounts (SharedMountTests, SharedLocksTests): the
+    /// shared one is restarted under its mounts by PostgresCLITests, which may run at the same time.
+    static let quietSetup: Result<PostgresCluster, any Error> = Result {
+        let cluster = try PostgresCluster()
+        atexit { if case .success(let c) = TestEngine.quietSetup { c.destroy() } }
+        return cluster
+    }
+
+    /// A URI for a fresh container on the quiet cluster.
+    static func quietURI() throws -> String {
+        try quietSetup.get().superuserURI + "&container=c_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased().prefix(20)
+    }
+
     static func isURI(_ s: String) -> Bool { s.hasPrefix("postgresql://") || s.hasPrefix("postgres://") }
 
     /// The live `coffer` process serving `uri` (the daemon: its argv names the container and the mount).

@@ -26,7 +26,7 @@ private final class TwoMounts {
     init(_ label: String) throws {
         let sb = try Sandbox(label)
         self.sb = sb
-        uri = sb.isDirectoryContainer ? (try? TestEngine.freshURI()) ?? "" : sb.container
+        uri = (try? TestEngine.quietURI()) ?? ""
         b = sb.root + "/m2"
         envA = ["COFFER_PG_LEASE_SECONDS": "4"]
         envB = ["COFFER_PG_LEASE_SECONDS": "4", "COFFER_STATE_DIR": sb.root + "/machine2"]

@@ -21,17 +21,10 @@ private final class TwoMachines {
     var stateB: String { sb.root + "/machine2" }
     static let leaseEnv = ["COFFER_PG_LEASE_SECONDS": "4"]
 
-    /// A cluster of this suite's own: other suites of the process restart theirs (PostgresCLITests).
-    static let ownCluster: Result<PostgresCluster, any Error> = Result {
-        let cluster = try PostgresCluster()
-        atexit { if case .success(let c) = TwoMachines.ownCluster { c.destroy() } }
-        return cluster
-    }
-
     init(_ label: String) throws {
         sb = try Sandbox(label)
-        cluster = try Self.ownCluster.get()
-        uri = cluster.superuserURI + "&container=c_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased().prefix(20)
+        cluster = try TestEngine.quietSetup.get()
+        uri = try TestEngine.quietURI()
         sb.container = uri  // the sandbox's own remount (the model test) mounts it too
         try #require(mkdir(b, 0o755) == 0)
         let i = sb.initContainer(container: uri)
