@@ -87,7 +87,9 @@ struct PostgresEngineTests {
         try store.putInode(31, sampleInode(size: 1))
         let q = PostgresIdentifier.quoted(location.container)
         try TestPostgres.cluster().psql("ALTER TABLE \(q).xattrs ADD CONSTRAINT refuse CHECK (false) NOT VALID")
-        #expect(throws: StoreError.self) { try store.putXattr(30, name: b("user.x"), value: b("v")) }
+        // A put nothing waits for is sent with the next statement: that one reports the failure.
+        try store.putXattr(30, name: b("user.x"), value: b("v"))
+        #expect(throws: StoreError.self) { _ = try store.inode(31) }
         #expect(rollbacks.withLock { $0 } == 1)
         #expect(store.hasPendingChanges == false)
         #expect(try store.inode(30)?.size == 30, "the group's writes are gone")
@@ -135,6 +137,7 @@ struct PostgresEngineTests {
         let rollbacks = Mutex(0)
         store.onRollback = { _ in rollbacks.withLock { $0 += 1 } }
         try store.putInode(40, sampleInode(size: 40))
+        #expect(try store.inode(40)?.size == 40, "the group's own write is read back (and the session's last query names the schema)")
         let killed = try TestPostgres.cluster().psql(
             """
             SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity

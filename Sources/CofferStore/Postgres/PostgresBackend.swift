@@ -43,11 +43,15 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
         var dirtyFiles = Set<UInt64>()
         /// Something was written (a group begun only for its lock and state may end without a commit).
         var wrote = false
+        /// Writes whose answer nothing waits for (`later`), sent together before the next statement on
+        /// the writer or with the commit: a record put costs no round trip of its own.
+        var queued: [PGStatement] = []
         mutating func clear() {
             since = nil
             bytes = 0
             dirtyFiles.removeAll()
             wrote = false
+            queued.removeAll()
         }
     }
     let pending = Mutex(Pending())

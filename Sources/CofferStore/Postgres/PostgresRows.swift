@@ -1,6 +1,7 @@
 /// The rows of each entity kind in the container's schema (PostgresSQL.swift): ids as int8 with
 /// SQLite's bit patterns, tags and sealed values as bytea. Every statement is prepared once per
-/// session and is one round trip; metadata goes through the writer (it must see the open group).
+/// session; a read or a write whose answer is needed is one round trip, a write whose answer nothing
+/// waits for goes with the next one (`later`). Metadata goes through the writer (it must see the open group).
 extension PostgresBackend {
     static func id(_ v: UInt64) -> PGValue { .int8(Int64(bitPattern: v)) }
 
@@ -42,19 +43,24 @@ extension PostgresBackend {
     public func inode(_ id: UInt64) throws(StoreError) -> [UInt8]? { try value(sql.inode, [Self.id(id)]) }
     public func inodeExists(_ id: UInt64) throws(StoreError) -> Bool { try exists(sql.inodeExists, [Self.id(id)]) }
     public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) {
-        try change(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count)
+        try later(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count)
     }
-    public func deleteInode(_ id: UInt64) throws(StoreError) { try change(sql.deleteInode, [Self.id(id)]) }
+    public func deleteInode(_ id: UInt64) throws(StoreError) { try later(sql.deleteInode, [Self.id(id)]) }
 
     // MARK: Directory entries
 
     public func entry(parentTag: [UInt8], tag: [UInt8]) throws(StoreError) -> [UInt8]? { try value(sql.entry, [.bytea(parentTag), .bytea(tag)]) }
 
     public func putEntry(parentTag: [UInt8], tag: [UInt8], sealed: [UInt8], replace: Bool) throws(StoreError) -> Bool {
-        try change(replace ? sql.replaceEntry : sql.addEntry, [.bytea(parentTag), .bytea(tag), .bytea(sealed)], bytes: sealed.count) == 1
+        // A replacing put always lands; only an adding one must be answered (EEXIST).
+        guard !replace else {
+            try later(sql.replaceEntry, [.bytea(parentTag), .bytea(tag), .bytea(sealed)], bytes: sealed.count)
+            return true
+        }
+        return try change(sql.addEntry, [.bytea(parentTag), .bytea(tag), .bytea(sealed)], bytes: sealed.count) == 1
     }
 
-    public func deleteEntry(parentTag: [UInt8], tag: [UInt8]) throws(StoreError) { try change(sql.deleteEntry, [.bytea(parentTag), .bytea(tag)]) }
+    public func deleteEntry(parentTag: [UInt8], tag: [UInt8]) throws(StoreError) { try later(sql.deleteEntry, [.bytea(parentTag), .bytea(tag)]) }
 
     /// bytea compares bytewise, as SQLite's BLOB does: the same tag order in both engines.
     public func entryPage(parentTag: [UInt8], from: [UInt8], limit: Int) throws(StoreError) -> [(tag: [UInt8], sealed: [UInt8])] {
@@ -67,26 +73,26 @@ extension PostgresBackend {
 
     public func chunkMapPage(file: UInt64, page: UInt64) throws(StoreError) -> [UInt8]? { try value(sql.chunkMap, [Self.id(file), Self.id(page)]) }
     public func putChunkMapPage(file: UInt64, page: UInt64, sealed: [UInt8]) throws(StoreError) {
-        try change(sql.putChunkMap, [Self.id(file), Self.id(page), .bytea(sealed)], bytes: sealed.count)
+        try later(sql.putChunkMap, [Self.id(file), Self.id(page), .bytea(sealed)], bytes: sealed.count)
     }
     public func deleteChunkMapPages(file: UInt64, from: UInt64) throws(StoreError) {
-        try change(sql.deleteChunkMapsFrom, [Self.id(file), Self.id(from)])
+        try later(sql.deleteChunkMapsFrom, [Self.id(file), Self.id(from)])
     }
-    public func deleteChunkMapPage(file: UInt64, page: UInt64) throws(StoreError) { try change(sql.deleteChunkMap, [Self.id(file), Self.id(page)]) }
+    public func deleteChunkMapPage(file: UInt64, page: UInt64) throws(StoreError) { try later(sql.deleteChunkMap, [Self.id(file), Self.id(page)]) }
 
     // MARK: Extended attributes
 
     public func xattr(inode: UInt64, tag: [UInt8]) throws(StoreError) -> [UInt8]? { try value(sql.xattr, [Self.id(inode), .bytea(tag)]) }
     public func xattrs(inode: UInt64) throws(StoreError) -> [(tag: [UInt8], sealed: [UInt8])] { try tagged(sql.xattrs, [Self.id(inode)]) }
     public func putXattr(inode: UInt64, tag: [UInt8], sealed: [UInt8]) throws(StoreError) {
-        try change(sql.putXattr, [Self.id(inode), .bytea(tag), .bytea(sealed)], bytes: sealed.count)
+        try later(sql.putXattr, [Self.id(inode), .bytea(tag), .bytea(sealed)], bytes: sealed.count)
     }
     public func deleteXattr(inode: UInt64, tag: [UInt8]) throws(StoreError) -> Bool { try change(sql.deleteXattr, [Self.id(inode), .bytea(tag)]) > 0 }
-    public func deleteXattrs(inode: UInt64) throws(StoreError) { try change(sql.deleteXattrs, [Self.id(inode)]) }
+    public func deleteXattrs(inode: UInt64) throws(StoreError) { try later(sql.deleteXattrs, [Self.id(inode)]) }
 
     // MARK: Orphans
 
-    public func addOrphan(_ id: UInt64) throws(StoreError) { try change(sql.addOrphan, [Self.id(id)]) }
-    public func removeOrphan(_ id: UInt64) throws(StoreError) { try change(sql.removeOrphan, [Self.id(id)]) }
+    public func addOrphan(_ id: UInt64) throws(StoreError) { try later(sql.addOrphan, [Self.id(id)]) }
+    public func removeOrphan(_ id: UInt64) throws(StoreError) { try later(sql.removeOrphan, [Self.id(id)]) }
     public func orphans() throws(StoreError) -> [UInt64] { try ids(sql.orphans, []) }
 }

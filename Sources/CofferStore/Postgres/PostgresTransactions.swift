@@ -6,12 +6,14 @@ import Foundation
 /// the rest of an operation to a new transaction). Outside a transaction a lost server is waited
 /// for (`reconnectWait`) and the call run again.
 extension PostgresBackend {
-    /// Runs `body` on the writer inside the open group transaction (begun here when none is open).
-    /// `bytes` is what the statement adds; `file` marks content whose reads must see it.
-    func write<T>(bytes: Int = 0, file: UInt64? = nil, _ body: (PGConnection) throws -> T) throws(StoreError) -> T {
+    /// Runs `body` on the writer inside the open group transaction (begun here when none is open), after
+    /// the queued writes (`later`) unless it only queues one. `bytes` is what the statement adds; `file`
+    /// marks content whose reads must see it.
+    func write<T>(bytes: Int = 0, file: UInt64? = nil, queueing: Bool = false, _ body: (PGConnection) throws -> T) throws(StoreError) -> T {
         guard !readOnly else { throw .readOnly }
         return try onWriter { () throws(StoreError) -> T in
             if pending.withLock({ $0.since == nil }) { try begin() }
+            if !queueing { try sendQueued() }
             let result = try inTransaction { try body(writer) }
             pending.withLock { p in
                 p.wrote = true
@@ -26,9 +28,30 @@ extension PostgresBackend {
     func read<T>(_ body: (PGConnection) throws -> T) throws(StoreError) -> T {
         try onWriter { () throws(StoreError) -> T in
             if snapshotLost.withLock({ $0 }) { throw .unavailable("the connection holding the snapshot was lost") }
-            if pending.withLock({ $0.since != nil }) { return try inTransaction { try body(writer) } }
+            if pending.withLock({ $0.since != nil }) {
+                try sendQueued()
+                return try inTransaction { try body(writer) }
+            }
             return try idle(body)
         }
+    }
+
+    /// A write nothing waits for the answer of (a record put, a delete): queued in the open group and
+    /// sent with the next statement's round trip or the commit's. Its failure drops the group there.
+    func later(_ statement: String, _ params: [PGValue], bytes: Int = 0, file: UInt64? = nil) throws(StoreError) {
+        try write(bytes: bytes, file: file, queueing: true) { _ in
+            pending.withLock { $0.queued.append(PGStatement(statement, params, prepared: true)) }
+        }
+    }
+
+    /// Sends the queued writes (with the writer held, in the open group) in one round trip.
+    private func sendQueued() throws(StoreError) {
+        let queued = pending.withLock { p in
+            defer { p.queued.removeAll() }
+            return p.queued
+        }
+        guard !queued.isEmpty else { return }
+        _ = try inTransaction { try writer.pipeline(queued) }
     }
 
     public func beginGroup() throws(StoreError) {
@@ -96,8 +119,12 @@ extension PostgresBackend {
                 return false
             }
             let sealed = try state()
+            let queued = pending.withLock { p in
+                defer { p.queued.removeAll() }
+                return p.queued
+            }
             try inTransaction {
-                var statements: [PGStatement] = []
+                var statements = queued
                 // Commits in between need not wait for the server's disk: fsync and unmount commit
                 // durably, which flushes every earlier commit too.
                 if !durable { statements.append(PGStatement("SET LOCAL synchronous_commit = off")) }
