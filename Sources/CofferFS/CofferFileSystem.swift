@@ -128,7 +128,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         case .diskFull: return .noSpace
         case .readOnly: return .readOnly
         case .authenticationFailed, .malformed:
-            logger.error("damaged entity: \(error)\(context().isEmpty ? "" : " (\(context()))")")
+            // A read that will be tried again (another mount changed the file under it) is not damage yet.
+            let line: Logger.Message = "damaged entity: \(error)\(context().isEmpty ? "" : " (\(context()))")"
+            if SharedMount.rereadPending { logger.debug("\(line) (read again: another mount may have changed it)") } else { logger.error(line) }
             return .io
         default:
             logger.error("store error: \(error)")

@@ -65,13 +65,26 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     /// map and its rows): every record is then read anew. A store that stays wrong stays EIO.
     func rereading<T>(_ body: () throws(FSError) -> T) throws(FSError) -> T {
         var attempt = 0
+        defer { Self.setRereadPending(false) }
         while true {
+            // Damage met on an attempt that is not the last is logged at debug level only.
+            Self.setRereadPending(attempt < 2)
             do throws(FSError) { return try body() } catch  where error == .io && attempt < 2 {
                 attempt += 1
                 _ = try? fs.store.catchUp()
                 fs.forgetCachedRecords()
             }
         }
+    }
+
+    /// Whether the calling thread is in a read that `rereading` tries again on EIO.
+    static var rereadPending: Bool { rereadKey.map { pthread_getspecific($0) != nil } ?? false }
+    private static let rereadKey: pthread_key_t? = {
+        var key = pthread_key_t()
+        return pthread_key_create(&key, nil) == 0 ? key : nil
+    }()
+    private static func setRereadPending(_ on: Bool) {
+        if let key = rereadKey { pthread_setspecific(key, on ? UnsafeRawPointer(bitPattern: 1) : nil) }
     }
 
     // MARK: Names
