@@ -52,9 +52,27 @@ extension UnmountCommand {
         return pids.first { pid in
             guard pid != getpid(), let raw = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return false }
             let args = raw.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
-            return args.count > 3 && args[1] == "mount" && args.contains { Container.absolutePath($0) == mnt }
+            // Other daemons' paths are compared as text, never looked up: a path on a mount whose daemon is
+            // slow or stuck (another container's) would hold this unmount up for as long.
+            return args.count > 3 && args[1] == "mount" && args.contains { lexicalPath($0) == mnt }
                 && args.contains { $0 == "--ready-fd" || $0 == "-f" || $0 == "--foreground" }
         }
+    }
+
+    /// `path` made absolute (against the working directory) with ".", ".." and repeated slashes taken
+    /// out, without touching the filesystem.
+    static func lexicalPath(_ path: String) -> String {
+        let full = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+        var parts: [Substring] = []
+        for part in full.split(separator: "/", omittingEmptySubsequences: true) {
+            if part == "." { continue }
+            if part == ".." {
+                _ = parts.popLast()
+                continue
+            }
+            parts.append(part)
+        }
+        return "/" + parts.joined(separator: "/")
     }
 }
 

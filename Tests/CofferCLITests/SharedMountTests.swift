@@ -21,10 +21,16 @@ private final class TwoMachines {
     var stateB: String { sb.root + "/machine2" }
     static let leaseEnv = ["COFFER_PG_LEASE_SECONDS": "4"]
 
-    init(_ label: String) throws {
+    /// `cluster`: a cluster of the test's own (one it restarts); the suites' quiet one by default.
+    init(_ label: String, cluster own: PostgresCluster? = nil) throws {
         sb = try Sandbox(label)
-        cluster = try TestEngine.quietSetup.get()
-        uri = try TestEngine.quietURI()
+        if let own {
+            cluster = own
+            uri = own.superuserURI + "&container=coffer"
+        } else {
+            cluster = try TestEngine.quietSetup.get()
+            uri = try TestEngine.quietURI()
+        }
         sb.container = uri  // the sandbox's own remount (the model test) mounts it too
         try #require(mkdir(b, 0o755) == 0)
         let i = sb.initContainer(container: uri)
@@ -37,6 +43,17 @@ private final class TwoMachines {
         let r = coffer(["mount", uri, mnt, "--passfile", sb.passfile], state: state)
         sb.noteDaemon(container: uri)
         return r
+    }
+
+    /// More machines: mountpoints `m3`, `m4`, ... each with a state directory of its own.
+    func mountMore(_ count: Int) throws -> [(mnt: String, state: String)] {
+        try (3..<3 + count).map { i in
+            let mnt = sb.root + "/m\(i)", state = sb.root + "/machine\(i)"
+            try #require(mkdir(mnt, 0o755) == 0)
+            let r = mount(mnt, state: state)
+            try #require(r.ok, "\(r)")
+            return (mnt, state)
+        }
     }
 
     /// `coffer ARGS` as one machine (`state`: its state directory; nil: the sandbox's).
@@ -290,6 +307,83 @@ struct SharedMountTests {
             if let failure = try run.run() { Issue.record("\(failure)\n(COFFER_MODEL_BASE=\(seed) COFFER_SHARED_MODEL_SEEDS=1 replays it)") }
             try #require(E2E.isMounted(t.a) && E2E.isMounted(t.b), "both mounts still there after seed \(seed)")
         }
+        t.unmountAndCheck()
+    }
+
+    /// Four machines untarring into their own directories at once: every tree complete, through
+    /// another machine's mount.
+    @Test func fourMachinesUntarAtOnce() throws {
+        let t = try TwoMachines("untar4")
+        defer { t.cleanup() }
+        let more = try t.mountMore(2)
+        let mounts = [t.a, t.b] + more.map(\.mnt)
+        let src = t.sb.root + "/tree"
+        let make = E2E.py(
+            """
+            import os, sys
+            for d in range(6):
+                for f in range(25):
+                    os.makedirs(f"{sys.argv[1]}/d{d}", exist_ok=True)
+                    with open(f"{sys.argv[1]}/d{d}/f{f}", "wb") as fh: fh.write(os.urandom(f * 1500))
+            """, [src])
+        try #require(make.ok, "\(make)")
+        try #require(E2E.sh("tar -C \(src) -cf \(t.sb.root)/tree.tar .").ok)
+        let script =
+            mounts.enumerated().map { i, m in "mkdir \(m)/t\(i) && tar -C \(m)/t\(i) -xf \(t.sb.root)/tree.tar & p\(i)=$!" }
+            .joined(separator: "; ") + "; " + mounts.indices.map { "wait $p\($0)" }.joined(separator: " && ")
+        let all = E2E.sh(script, timeout: 300)
+        #expect(all.ok, "\(all)")
+        for i in mounts.indices {
+            let other = mounts[(i + 1) % mounts.count]
+            let d = E2E.sh("diff -r \(src) \(other)/t\(i)")
+            #expect(d.ok, "tree \(i) seen through another machine: \(d)")
+        }
+        for m in more { #expect(t.coffer(["unmount", m.mnt], state: m.state).ok) }
+        t.unmountAndCheck()
+    }
+
+    /// The server restarted (fast, then a crash) under two machines that write and fsync: both carry
+    /// on, and every file either fsynced reads back on both.
+    @Test func serverRestartsUnderTwoBusyMachines() throws {
+        let cluster = try PostgresCluster()
+        defer { cluster.destroy() }
+        let t = try TwoMachines("restart2", cluster: cluster)
+        defer { t.cleanup() }
+        let writer = """
+            import os, sys, time
+            d, log, stop, tag = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+            i = errors = 0
+            while not os.path.exists(stop):
+                name = f"{tag}{i:05d}"
+                try:
+                    with open(os.path.join(d, name), "wb") as f:
+                        f.write((name * 500).encode()); f.flush(); os.fsync(f.fileno())
+                    with open(log, "a") as l: l.write(name + "\\n")
+                except OSError as e:
+                    errors += 1
+                    time.sleep(0.1)
+                i += 1
+            print("done", i, errors)
+            """
+        try E2E.write(t.sb.root + "/writer.py", writer)
+        let stop = t.sb.root + "/stop"
+        let run =
+            "python3 \(t.sb.root)/writer.py \(t.a) \(t.sb.root)/log-a \(stop) a & pa=$!; "
+            + "python3 \(t.sb.root)/writer.py \(t.b) \(t.sb.root)/log-b \(stop) b & pb=$!; "
+            + "sleep 1.5; runuser -u postgres -- /usr/lib/postgresql/*/bin/pg_ctl -D \(cluster.dataDirectory) -m fast -w restart -l \(cluster.root)/server.log >/dev/null; "
+            + "sleep 1.5; runuser -u postgres -- /usr/lib/postgresql/*/bin/pg_ctl -D \(cluster.dataDirectory) -m immediate -w restart -l \(cluster.root)/server.log >/dev/null; "
+            + "sleep 1.5; touch \(stop); wait $pa && wait $pb"
+        let r = E2E.sh(run, timeout: 240)
+        #expect(r.ok, "\(r)")
+        for (log, tag) in [("log-a", "a"), ("log-b", "b")] {
+            let synced = (E2E.readText(t.sb.root + "/" + log) ?? "").split(separator: "\n").map(String.init)
+            #expect(synced.count > 5, "machine \(tag) made progress across the restarts: \(synced.count)")
+            for m in [t.a, t.b] {
+                let lost = synced.filter { E2E.readText(m + "/" + $0) != String(repeating: $0, count: 500) }
+                #expect(lost.isEmpty, "fsynced on \(tag), read on \(m): \(lost.prefix(5))")
+            }
+        }
+        #expect(E2E.isMounted(t.a) && E2E.isMounted(t.b), "both mounts survived")
         t.unmountAndCheck()
     }
 
