@@ -24,7 +24,8 @@
 #      from /proc) of daemon A, daemon B and the PostgreSQL cluster, plus the whole machine's busy share.
 #   3. write on A / read on B: A writes a 13-byte counter to a file and closes it, B polls (os.open,
 #      os.read, os.close every ms from one Python process) until it reads the new counter; N rounds
-#      (a pause of BENCH_LAT_GAP_MS before each); p50/p99/max in ms from A's close to B's read (target p99 <= 1 s); once idle, once while B untars.
+#      (a pause of BENCH_LAT_GAP_MS before each); p50/p99/max in ms from A's close to B's read
+#      (target p99 <= 1 s); once with both mounts idle, once while B untars the corpus over and over.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=0; ROUNDS=1; LAT_GAP=${BENCH_LAT_GAP_MS:-50}; COFFER_OPTS=""; COFFER=${COFFER:-$here/.build/release/coffer}; LAT_N=${BENCH_LAT_N:-}
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
         --lat-n) LAT_N=$2; shift ;;
         --rounds) ROUNDS=$2; shift ;;
         --only|--coffer-b|--label-a|--label-b) shift ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "multi: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
