@@ -65,9 +65,11 @@ lint:
 format:
 	$(SWIFT) format format --in-place --recursive --parallel Sources Tests Package.swift
 
-# Coffer, a plain directory and gocryptfs side by side (release build).
+# Coffer, a plain directory and gocryptfs side by side (release build); then two mounts of one
+# PostgreSQL container (bench/multi.sh: untar at once vs one after the other, write-to-read latency).
 bench: release bench-deps
 	bench/bench.sh $(BENCH_ARGS)
+	bench/multi.sh $(BENCH_ARGS)
 
 clean:
 	rm -rf .build

@@ -48,34 +48,20 @@ FIO_MB=${BENCH_FIO_SIZE_MB:-256}
 mkdir -p "$WORK"; RUN=$(mktemp -d "$WORK/run.XXXX"); RES="$RUN/results.tsv"; : > "$RES"
 PASS="$RUN/pass"; echo "bench-password-$$" > "$PASS"; chmod 600 "$PASS"
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+# shellcheck source=bench/common.sh
+. "$here/bench/common.sh"
 
 SUBJECTS="plain coffer"
 [ -n "$COFFER_B" ] && SUBJECTS="$SUBJECTS coffer-b"
 command -v gocryptfs >/dev/null && SUBJECTS="$SUBJECTS gocryptfs"
 command -v securefs >/dev/null && SUBJECTS="$SUBJECTS securefs"
-PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
-[ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ] && SUBJECTS="$SUBJECTS coffer-pg"
+have_pg && SUBJECTS="$SUBJECTS coffer-pg"
 command -v gocryptfs >/dev/null && command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] && SUBJECTS="$SUBJECTS gocryptfs-sshfs"
 [ -n "$ONLY" ] && SUBJECTS="plain ${ONLY//,/ }"
 case " $SUBJECTS " in *" coffer-b "*) [ -n "$COFFER_B" ] || { echo "bench: subject coffer-b needs --coffer-b PATH" >&2; exit 2; } ;; esac
 
-# ---- corpus: a real source tree (the Swift package mirrors, or /usr/include)
-CORPUS=${BENCH_CORPUS:-$WORK/corpus$([ $QUICK = 1 ] && echo -quick).tar}
-if [ ! -f "$CORPUS" ]; then
-    log "building corpus $CORPUS (once)"
-    stage=$(mktemp -d "$WORK/stage.XXXX"); n=0
-    if [ -d /opt/swift-packages ]; then
-        for repo in $(find /opt/swift-packages -mindepth 2 -maxdepth 2 -type d -name '*.git' | LC_ALL=C sort); do
-            git -C "$repo" rev-parse -q --verify HEAD >/dev/null 2>&1 || continue
-            d="$stage/$(basename "$(dirname "$repo")")/$(basename "$repo" .git)"; mkdir -p "$d"
-            git -C "$repo" archive HEAD | tar -x -C "$d" 2>/dev/null
-            n=$(find "$stage" -type f | wc -l)
-            [ $QUICK = 1 ] && [ "$n" -ge 3000 ] && break
-        done
-    else cp -a /usr/include "$stage/include"; fi
-    tar --sort=name -C "$stage" -cf "$CORPUS" . && rm -rf "$stage"
-fi
-CFILES=$(tar -tvf "$CORPUS" | grep -c '^-')
+# ---- corpus (bench/common.sh): the same tarball bench/multi.sh untars
+make_corpus
 
 # ---- subjects
 declare -A PID=()
@@ -84,30 +70,11 @@ bin_of() { case $1 in coffer|coffer-pg) echo "$COFFER" ;; coffer-b) echo "$COFFE
 dir_of() { echo "$RUN/$1"; }
 mnt_of() { if [ "$1" = plain ]; then echo "$RUN/plain/data"; else echo "$RUN/$1/mnt"; fi; }
 # A Coffer subject's container: a directory, or for coffer-pg a libpq URI (set by start_pg).
-PGURI=""
 cont_of() { if [ "$1" = coffer-pg ]; then echo "$PGURI"; else echo "$(dir_of "$1")/c"; fi; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # ---- servers (started only for the subjects that need them; stopped by cleanup)
-PGROOT=""; PGPORT=""; SSHDIR=""; SSHD_PID=""; SSHPORT=""
-start_pg() {   # a private cluster: initdb as postgres, own port and socket directory, as the tests do
-    PGROOT=$(mktemp -d "$WORK/pg.XXXX"); chown postgres:postgres "$PGROOT"; PGPORT=$(free_port)
-    runuser -u postgres -- "$PGBIN/initdb" -D "$PGROOT/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
-        --no-sync -E UTF8 --locale=C > "$PGROOT/initdb.log" 2>&1 || { cat "$PGROOT/initdb.log" >&2; return 1; }
-    printf "port = %s\nunix_socket_directories = '%s'\nlisten_addresses = '127.0.0.1'\n" "$PGPORT" "$PGROOT" >> "$PGROOT/data/postgresql.auto.conf"
-    runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGROOT/data" -l "$PGROOT/server.log" -w -t 60 start > /dev/null || { cat "$PGROOT/server.log" >&2; return 1; }
-    runuser -u postgres -- "$PGBIN/createdb" -h "$PGROOT" -p "$PGPORT" -U postgres bench || return 1
-    PGURI="postgresql:///bench?host=$PGROOT&port=$PGPORT&user=postgres&container=bench"
-    log "PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}') on port $PGPORT, socket $PGROOT"
-}
-stop_pg() {
-    [ -n "$PGROOT" ] || return 0
-    if [ -f "$PGROOT/data/postmaster.pid" ]; then
-        runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGROOT/data" -m fast -w -t 60 stop > /dev/null 2>&1 \
-            || runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGROOT/data" -m immediate -w stop > /dev/null 2>&1
-    fi
-    rm -rf "$PGROOT"; PGROOT=""
-}
+# PostgreSQL: start_pg / stop_pg in bench/common.sh
+SSHDIR=""; SSHD_PID=""; SSHPORT=""
 start_sshd() { # a loopback sshd with its own host key, a temporary root key and a private known_hosts
     SSHDIR=$(mktemp -d "$WORK/ssh.XXXX"); SSHPORT=$(free_port); mkdir -p /run/sshd; ssh_opts
     ssh-keygen -q -t ed25519 -N '' -f "$SSHDIR/host_key" && ssh-keygen -q -t ed25519 -N '' -f "$SSHDIR/id" || return 1
