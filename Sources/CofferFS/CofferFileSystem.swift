@@ -24,6 +24,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         public var commitInterval: Duration = .seconds(1)
         /// ... or once this many bytes are waiting.
         public var commitVolume = 16 << 20
+        /// A coherent mount beside others commits what is left open (reaping, forgets) this soon.
+        public var sharedCommitInterval: Duration = .milliseconds(50)
         /// One of several mounts of a shared container (PostgreSQL): records are read again once the
         /// store changed under this mount (`storeEpoch`), and `SharedMount` runs each change as a group
         /// of its own. Set with `store.shareWithOtherMounts` done before.
@@ -55,6 +57,11 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Counts the store's changes by other mounts (`EntityStore.onForeignChange`): a record read
     /// before the last one is read again before use (`state`). Only coherent mounts count.
     let storeEpoch = Atomic<UInt64>(0)
+    /// Coherent mounts: inodes written since the last durable commit (a server crash may take them).
+    /// Under meta.
+    var writtenSinceDurable = Set<InodeNumber>()
+    /// The store heard that the server lost commits (`lostCommits`); applied under meta.
+    let pendingLostCommits = Atomic<Bool>(false)
     /// Set by the store's `onRollback` (on whatever thread hit it): the errno the lost changes report.
     private let rolledBack = Mutex<FSError?>(nil)
     private var stopped = false
@@ -85,6 +92,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         }
         if options.coherent {
             store.onForeignChange = { [weak self] in self?.storeEpoch.add(1, ordering: .acquiringAndReleasing) }
+            store.onLostCommits = { [weak self] in self?.lostCommits() }
         }
         if !options.readOnly && options.removesOrphans { try removeOrphans() }
     }
@@ -279,6 +287,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         do {
             try s.flushChunkMap(store)
             try store.putInode(s.ino, s.record)
+            if options.coherent { writtenSinceDurable.insert(s.ino) }
             if s.record.nlink == 0 && !s.orphaned {
                 try store.addOrphan(s.ino)
                 s.orphaned = true
@@ -347,7 +356,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Commits (changed records first) once the open transaction is old or large enough. Atomic,
     /// not synced: durability is what fsync asks for, and it syncs every commit before it.
     func commitIfDue() throws(FSError) {
-        guard !options.readOnly, store.isCommitDue(age: options.commitInterval, volume: options.commitVolume) else { return }
+        // A coherent mount beside others commits its leftovers (a reaper's, a forget's) within the short interval.
+        let interval = options.coherent && !store.isAlone ? options.sharedCommitInterval : options.commitInterval
+        guard !options.readOnly, store.isCommitDue(age: interval, volume: options.commitVolume) else { return }
         awaitForgetsOnAFullDisk()
         try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
     }
@@ -389,11 +400,33 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// on what every mount committed. A rollback met here is EIO (logged).
     func beginGroup() throws(FSError) {
         do { try store.beginGroup() } catch { throw fsError(error) }
+        meta.withLock { applyLostCommits() }
     }
 
     /// Commits the group (the changed records first); `durable` waits for the server's disk.
     func commitGroup(durable: Bool) throws(FSError) {
         try meta.withLock { () throws(FSError) in try commitLocked(durable: durable) }
+    }
+
+    /// The server lost commits that were not durable yet (it crashed): every file written since this
+    /// mount's last durable commit reports EIO at its next fsync, as a disk's lost write-back does.
+    /// Heard during a group begin (the writer held, maybe `meta` too): marked here, applied by
+    /// `applyLostCommits` under `meta`.
+    func lostCommits() {
+        logger.error(
+            "the server lost commits that were not durable yet (it crashed): files changed since the last fsync report EIO at their next fsync")
+        pendingLostCommits.store(true, ordering: .releasing)
+        // What is cached may name what the server no longer has (a file created in a lost commit): it is
+        // all read again, as after a dropped group, before the next use (`state`), so nothing lost is
+        // written back without its entry.
+        rolledBack.withLock { $0 = .io }
+    }
+
+    /// Call under `meta`.
+    func applyLostCommits() {
+        guard pendingLostCommits.exchange(false, ordering: .acquiringAndReleasing) else { return }
+        for ino in writtenSinceDurable { (inodes[ino] ?? dying[ino])?.writeError = .io }
+        writtenSinceDurable.removeAll()
     }
 
     /// Every cached record is read again before its next use (a read found chunks its map did not name).
@@ -405,6 +438,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             // Not reaped yet: the record goes out with an orphan row, for the next mount to remove after a crash.
             for s in dying.values where s.dirty { try persist(s) }
             try store.commit(durable: durable)
+            applyLostCommits()  // heard at this group's begin: its files were marked before they were written again
+            if durable { writtenSinceDurable.removeAll() }
         } catch {
             let e = fsError(error)
             if rolledBack.withLock({ $0 }) != nil { reloadAfterRollback(e) }

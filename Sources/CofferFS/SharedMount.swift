@@ -10,7 +10,9 @@ import Logging
 ///   of its own: begun with the container's writer lock, so it is decided on the committed state of
 ///   every mount (two creates of one name: one EEXIST; rmdir of a directory just filled: ENOTEMPTY),
 ///   and committed at its end (not durably: fsync is), so the lock is never held between requests and
-///   the other mounts see it at once.
+///   the other mounts see it at once. A mount alone on the container (no other lease when its group
+///   began) lets the group run on for up to a second, as a mount of its own does; a mount that comes
+///   waits for that group first (`EntityStore.awaitOtherGroups`).
 /// - Records read before another mount's commit are read again before use (`CofferFileSystem.state`).
 /// - Close-to-open: every OPEN asks the server for its state first, and a file changed elsewhere
 ///   since the kernel last saw it is opened with the kernel's pages and attributes dropped.
@@ -56,7 +58,9 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
                 try? fs.commitGroup(durable: false)  // what the failed change did write (nothing, usually) goes as one
                 throw error
             }
-            try fs.commitGroup(durable: durable)
+            // Alone on the container (no other lease when the group began): the group goes on, and the
+            // committer commits it at the interval, as a mount of its own does.
+            if durable || !fs.store.isAlone { try fs.commitGroup(durable: durable) }
             return result
         }
     }

@@ -42,6 +42,10 @@ public final class EntityStore: @unchecked Sendable {
     /// Called when the store changed under this mount (another mount committed, or the server lost
     /// commits that were not yet durable): what the layers above cached must be read again.
     public var onForeignChange: (@Sendable () -> Void)?
+    /// Called when the server shows a generation below this mount's last commit but not below the
+    /// durable floor: it lost commits that were not durable yet (it crashed). What changed since the
+    /// last durable commit may be gone: the next fsync of such a file must say so.
+    public var onLostCommits: (@Sendable () -> Void)?
     public var isCoherent: Bool { (backend as? PostgresBackend)?.coherent ?? false }
 
     private init(backend: any StoreBackend, keys: ContainerKeys, registry: TransformerRegistry) {
@@ -177,6 +181,18 @@ public final class EntityStore: @unchecked Sendable {
         try backend.beginGroup()
     }
 
+    /// No other mount of the container held a lease when the last group began (always false on an
+    /// engine without several mounts: a mount of its own never asks).
+    public var isAlone: Bool { (backend as? CoherentBackend)?.isAlone ?? false }
+
+    /// A new mount waits for every group open elsewhere (one that began while this mount was not
+    /// there yet may span several changes): it takes the writer lock once, writing nothing.
+    public func awaitOtherGroups() throws(StoreError) {
+        guard !readOnly, backend is CoherentBackend else { return }
+        try beginGroup()
+        try commit(durable: false)
+    }
+
     /// Looks at the state committed on the server now (one round trip) and reports, through
     /// `onForeignChange`, a change since this mount last looked. True when there was one.
     @discardableResult
@@ -195,12 +211,13 @@ public final class EntityStore: @unchecked Sendable {
         guard constantTimeEqual(record.containerId, keys.containerId) else { throw .wrongContainer }
         let floor = durableFloor.withLock { $0 }
         guard record.generation >= floor else { throw .rolledBack(seen: floor, served: record.generation) }
-        let changed = committedGeneration.withLock { g in
+        let last = committedGeneration.withLock { g in
             defer { g = record.generation }
-            return g != record.generation
+            return g
         }
-        if changed { onForeignChange?() }
-        return changed
+        if record.generation < last { onLostCommits?() }
+        if record.generation != last { onForeignChange?() }
+        return record.generation != last
     }
 
     /// A consistent copy of the committed store (sealed rows only) in a new SQLite file at `path`; only

@@ -12,6 +12,11 @@ public protocol CoherentBackend: StoreBackend {
     /// The sealed state as committed on the server now (one round trip, outside any transaction);
     /// nil when a group of this mount is open (nobody else can have committed since it began).
     func committedState() throws(StoreError) -> [UInt8]?
+    /// No other mount held a lease when the open (or last) group began: this mount's groups may then
+    /// span several changes, as a mount of its own does. A new mount first waits for every group open
+    /// elsewhere (`beginGroup` then a commit that wrote nothing), so a group begun alone ends before
+    /// the new mount reads anything (docs/FORMAT.md, "Several mounts at once").
+    var isAlone: Bool { get }
     /// Starts hearing other mounts' commits: `heard` is called (on a thread of the engine's) for
     /// each, and after a lost connection, when some may have gone unheard.
     func listen(_ heard: @escaping @Sendable () -> Void)

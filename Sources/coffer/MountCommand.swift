@@ -196,7 +196,8 @@ struct MountCommand: ParsableCommand {
                 store.shareWithOtherMounts(floor: min(seen, store.generation))
                 fsOptions.coherent = true
                 fsOptions.removesOrphans = (lock.lease?.othersAtStart ?? 0) == 0
-                fsOptions.commitInterval = .milliseconds(50)
+                // A group another mount began while it was alone ends before this mount reads anything.
+                try store.awaitOtherGroups()
             }
             let fs: CofferFileSystem
             do {

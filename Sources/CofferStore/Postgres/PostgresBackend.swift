@@ -32,6 +32,9 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// write): groups begin with the writer lock and the state (`onGroupBegin`), commits are announced.
     public var coherent = false
     public var onGroupBegin: (([UInt8]?) throws(StoreError) -> Void)?
+    /// Whether no other mount held a lease at the last group begin (`CoherentBackend.isAlone`).
+    let alone = Atomic<Bool>(false)
+    public var isAlone: Bool { alone.load(ordering: .acquiring) }
     /// The connection that hears other mounts' commits (`listen`).
     let listener = Mutex<PostgresListener?>(nil)
 

@@ -46,6 +46,8 @@ struct PostgresSQL: Sendable {
         "INSERT INTO \(q).leases(holder, host, pid, machine, purpose, expires) VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second') "
             + "ON CONFLICT (holder) DO UPDATE SET expires = EXCLUDED.expires"
     }
+    /// Live leases of mounts (this one's included), read at every group begin: one means a mount alone.
+    var liveMounts: String { "SELECT count(*) FROM \(q).leases WHERE expires > now() AND purpose = 'mount'" }
     var renewLease: String { "UPDATE \(q).leases SET expires = now() + $2 * interval '1 second' WHERE holder = $1" }
     /// Renews the lease inside a commit, or fails the transaction (division by zero, 22012) when the
     /// row is gone (it lapsed and an fsck took the container): such a mount never commits again.

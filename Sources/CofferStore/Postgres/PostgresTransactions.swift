@@ -67,27 +67,30 @@ extension PostgresBackend {
     }
 
     /// Opens the group transaction (with the writer held). Nothing is open yet, so it is safe to run
-    /// again after a reconnect. With several mounts: the writer lock and the sealed state in the same
-    /// round trip, then `onGroupBegin`; a group it refuses is rolled back before anything is written.
+    /// again after a reconnect. With several mounts: the writer lock, the sealed state and the number of
+    /// live mounts in the same round trip, then `onGroupBegin`; a group it refuses is rolled back before
+    /// anything is written.
     private func begin() throws(StoreError) {
         guard coherent else {
             _ = try idle { try $0.execute("BEGIN") }
             pending.withLock { $0.since = .now }
             return
         }
-        let state: [UInt8]?
+        let state: [UInt8]?, mounts: Int64
         do {
-            state = try idle { c in
+            (state, mounts) = try idle { c in
                 let r = try c.pipeline([
                     PGStatement("BEGIN"), PGStatement(sql.writerLock, [.text(sql.schema)], prepared: true),
-                    PGStatement(sql.stateRow, prepared: true)
+                    PGStatement(sql.stateRow, prepared: true), PGStatement(sql.liveMounts, prepared: true)
                 ])
-                return r.count == 3 ? try r[2].bytes(0, 0) : nil
+                return r.count == 4 ? (try r[2].bytes(0, 0), try r[3].int64(0, 0) ?? 0) : (nil, 0)
             }
         } catch {
             if writer.inTransaction { _ = try? writer.execute("ROLLBACK") }
             throw error
         }
+        // Alone: this mount's lease is the only live one (a store without a lease never is).
+        alone.store(fenceHolder != nil && mounts <= 1, ordering: .releasing)
         pending.withLock { $0.since = .now }
         do { try onGroupBegin?(state) } catch {
             _ = try? writer.execute("ROLLBACK")
