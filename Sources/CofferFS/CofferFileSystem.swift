@@ -300,6 +300,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// content when it has no name left.
     func release(ifUnused s: InodeState) {
         guard s.lookups == 0 else { return }
+        // Unlinked by another mount, which may hold it open: its rows are that mount's to remove (at its
+        // forget, or as its orphan after a crash). Here it only leaves memory.
+        if s.unlinkedElsewhere {
+            inodes[s.ino] = nil
+            return
+        }
         if s.record.nlink == 0 && !s.deleted {
             try? destroy(s)
         } else if s.dirty {

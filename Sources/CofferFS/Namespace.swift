@@ -18,6 +18,10 @@ extension CofferFileSystem {
         let removed = meta.withLock { () -> Bool in
             guard let s = inodes[ino] else { return false }
             s.lookups = s.lookups > lookups ? s.lookups - lookups : 0
+            if s.unlinkedElsewhere {  // another mount's to remove (release(ifUnused:))
+                release(ifUnused: s)
+                return false
+            }
             guard s.lookups == 0 && (s.record.nlink == 0 || s.dirty) else {
                 release(ifUnused: s)
                 return false

@@ -39,6 +39,8 @@ public final class EntityStore: @unchecked Sendable {
     /// The newest generation this machine saw durable (the rollback ledger's, then every durable
     /// commit's): a state below it, met while mounted, is a rollback and is refused.
     private let durableFloor = Mutex<UInt64>(0)
+    /// A generation sealed into a COMMIT whose answer was lost: the server may or may not have it.
+    private let uncertainGeneration = Mutex<UInt64>(0)
     /// Called when the store changed under this mount (another mount committed, or the server lost
     /// commits that were not yet durable): what the layers above cached must be read again.
     public var onForeignChange: (@Sendable () -> Void)?
@@ -46,7 +48,6 @@ public final class EntityStore: @unchecked Sendable {
     /// durable floor: it lost commits that were not durable yet (it crashed). What changed since the
     /// last durable commit may be gone: the next fsync of such a file must say so.
     public var onLostCommits: (@Sendable () -> Void)?
-    public var isCoherent: Bool { (backend as? PostgresBackend)?.coherent ?? false }
 
     private init(backend: any StoreBackend, keys: ContainerKeys, registry: TransformerRegistry) {
         self.backend = backend
@@ -152,7 +153,10 @@ public final class EntityStore: @unchecked Sendable {
         } catch {
             // The commit may have happened (a COMMIT whose answer was lost with the connection): never
             // seal this generation over another state. Generations must grow, not be contiguous.
-            if sealedNext { committedGeneration.withLock { $0 = max($0, next) } }
+            if sealedNext {
+                committedGeneration.withLock { $0 = max($0, next) }
+                uncertainGeneration.withLock { $0 = next }
+            }
             throw error
         }
         if committed { committedGeneration.withLock { $0 = next } }
@@ -198,26 +202,39 @@ public final class EntityStore: @unchecked Sendable {
     @discardableResult
     public func catchUp() throws(StoreError) -> Bool {
         guard let backend = backend as? CoherentBackend, let sealed = try backend.committedState() else { return false }
-        return try observe(sealed)
+        return try observe(sealed, atGroupBegin: false)
     }
 
     /// Opens a state row the server served and adopts its generation (the next commit writes one more).
     /// Below the durable floor: a rollback, refused. Another generation than this mount's own: the store
-    /// changed under it (another mount committed; or the server lost commits that were not durable yet).
+    /// changed under it (`onForeignChange`). Only a state read at a group begin, under the writer lock,
+    /// can lower the generation: below this mount's last commit, the server lost commits that were not
+    /// durable yet (`onLostCommits`), unless it is the one below a COMMIT whose answer was lost (that
+    /// commit did not land). A look taken outside the lock (`catchUp`) may be older than one taken
+    /// since, and only raises it.
     @discardableResult
-    func observe(_ sealed: [UInt8]?) throws(StoreError) -> Bool {
+    func observe(_ sealed: [UInt8]?, atGroupBegin: Bool = true) throws(StoreError) -> Bool {
         guard let sealed else { throw .notAStore("no store state") }
         let record = try sealer.open(StoreStateTransformer(), sealed, id: Self.stateId, cipher: keys.metadata, describe: "store state")
         guard constantTimeEqual(record.containerId, keys.containerId) else { throw .wrongContainer }
         let floor = durableFloor.withLock { $0 }
         guard record.generation >= floor else { throw .rolledBack(seen: floor, served: record.generation) }
-        let last = committedGeneration.withLock { g in
-            defer { g = record.generation }
-            return g
+        var uncertain: UInt64 = 0
+        if atGroupBegin {
+            uncertain = uncertainGeneration.withLock { u in
+                defer { u = 0 }
+                return u
+            }
         }
-        if record.generation < last { onLostCommits?() }
-        if record.generation != last { onForeignChange?() }
-        return record.generation != last
+        let (changed, lost) = committedGeneration.withLock { g -> (Bool, Bool) in
+            guard atGroupBegin || record.generation > g else { return (false, false) }
+            let lost = record.generation < g && !(uncertain == g && record.generation == g - 1)
+            defer { g = record.generation }
+            return (record.generation != g, lost)
+        }
+        if lost { onLostCommits?() }
+        if changed { onForeignChange?() }
+        return changed
     }
 
     /// A consistent copy of the committed store (sealed rows only) in a new SQLite file at `path`; only

@@ -195,9 +195,11 @@ struct MountCommand: ParsableCommand {
             if shared {
                 store.shareWithOtherMounts(floor: min(seen, store.generation))
                 fsOptions.coherent = true
-                fsOptions.removesOrphans = (lock.lease?.othersAtStart ?? 0) == 0
                 // A group another mount began while it was alone ends before this mount reads anything.
                 try store.awaitOtherGroups()
+                // Orphans are removed only by a mount alone, then (counted under the writer lock): another
+                // mount's may be open files.
+                fsOptions.removesOrphans = (lock.lease?.othersAtStart ?? 0) == 0 && (opts.readOnly || store.isAlone)
             }
             let fs: CofferFileSystem
             do {

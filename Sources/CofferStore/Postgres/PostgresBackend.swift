@@ -103,11 +103,15 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     }
 
     /// Session settings of the writer, again after every reconnect: commits wait for the server's
-    /// WAL flush (a role or database may have turned that off), and a read-only store refuses writes
-    /// on the server too.
+    /// WAL flush (a role or database may have turned that off), a read-only store refuses writes
+    /// on the server too, and a writable one's idle group is ended by the server after a minute.
     func setUpSession() throws(StoreError) {
         do {
-            try writer.executeScript("SET synchronous_commit = on" + (readOnly ? "; SET default_transaction_read_only = on" : ""))
+            // A writer whose group stays idle for a minute (a peer that is stopped or suspended while it
+            // holds the container's writer lock) loses it, so the other mounts go on.
+            try writer.executeScript(
+                "SET synchronous_commit = on"
+                    + (readOnly ? "; SET default_transaction_read_only = on" : "; SET idle_in_transaction_session_timeout = '60s'"))
         } catch { throw StoreError.postgres(error) }
     }
 
