@@ -204,10 +204,18 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// group of this mount is open, so nobody else committed since). A file removed elsewhere is
     /// ESTALE from then on, as on NFS.
     private func refresh(_ s: InodeState, epoch: UInt64) throws(FSError) {
-        guard !s.dirty, s.tail == nil, !s.deleted else { return }
+        guard Self.isRefreshable(s) else { return }
         if s.goneElsewhere { throw FSError(ESTALE) }
         let record: InodeRecord?
         do { record = try store.inode(s.ino) } catch { throw fsError(error, "inode \(s.ino)") }
+        try adopt(record, into: s, epoch: epoch)
+    }
+
+    /// A cached record that is not this mount's to write (see `refresh`).
+    private static func isRefreshable(_ s: InodeState) -> Bool { !s.dirty && s.tail == nil && !s.deleted }
+
+    /// The store's record for `s` as read at `epoch` (nil: gone) replaces the cached one.
+    private func adopt(_ record: InodeRecord?, into s: InodeState, epoch: UInt64) throws(FSError) {
         s.epoch = epoch
         guard let record else {
             s.goneElsewhere = true
@@ -219,6 +227,27 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         s.record = record
         s.dropChunkMap()
         s.changedElsewhere = true
+    }
+
+    /// Reads the records of `inos` that are not cached, or are stale on a coherent mount, in one store
+    /// call: a listing with attributes then costs one round trip per page instead of one per entry on
+    /// a remote engine. Best effort: what it leaves out, `state` reads (and reports) one by one.
+    func prefetch(_ inos: [InodeNumber]) {
+        let epoch = storeEpoch.load(ordering: .acquiring)
+        let wanted = inos.filter { ino in
+            guard let s = inodes[ino] else { return true }
+            return options.coherent && s.epoch != epoch && Self.isRefreshable(s) && !s.goneElsewhere
+        }
+        guard wanted.count > 1, let records = try? store.inodes(wanted) else { return }
+        for (ino, record) in records {
+            if let s = inodes[ino] {
+                try? adopt(record, into: s, epoch: epoch)
+            } else {
+                let s = InodeState(ino: ino, record: record)
+                s.epoch = epoch
+                inodes[ino] = s
+            }
+        }
     }
 
     func directory(_ ino: InodeNumber) throws(FSError) -> InodeState {

@@ -375,6 +375,15 @@ extension CofferFileSystem {
                 do {
                     rows = try store.entryPage(parent: ino, from: from, limit: want) { error in _ = self.fsError(error, "listing directory \(ino)") }
                 } catch { throw fsError(error) }
+                if plus {
+                    // The inodes the loop below will hand out, read in one store call.
+                    var ahead = cursor
+                    var inos: [InodeNumber] = []
+                    for (tag, record) in rows where out.count + inos.count < limit {
+                        if ahead.advance(tag: tag) != nil, let e = record { inos.append(e.ino) }
+                    }
+                    prefetch(inos)
+                }
                 for (tag, record) in rows {
                     guard out.count < limit else { break page }
                     guard let here = cursor.advance(tag: tag) else { continue }

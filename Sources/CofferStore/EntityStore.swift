@@ -265,6 +265,16 @@ public final class EntityStore: @unchecked Sendable {
         return try openInode(id: id, sealed)
     }
 
+    /// The records of those of `ids` that exist and open, in one visit to the engine. A row that does
+    /// not open is left out: its own `inode(_:)` call reports it.
+    public func inodes(_ ids: [UInt64]) throws(StoreError) -> [UInt64: InodeRecord] {
+        var out: [UInt64: InodeRecord] = [:]
+        for (id, sealed) in try backend.inodes(ids) {
+            if let record = try? openInode(id: id, sealed) { out[id] = record }
+        }
+        return out
+    }
+
     public func putInode(_ id: UInt64, _ record: InodeRecord) throws(StoreError) {
         try backend.putInode(id, sealed: try sealer.seal(InodeTransformer(), record, id: id.bigEndianBytes, cipher: keys.metadata))
     }

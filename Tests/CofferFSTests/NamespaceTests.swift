@@ -333,6 +333,41 @@ struct NamespaceTests {
         #expect(DirectoryCookie(prefix: (1 << 54) - 1, rank: 255).value == (1 << 62) + 2, "the largest cookie fits an off_t")
     }
 
+    /// readdirplus reads each page's inodes in one store call: in pages of 7 every entry still comes
+    /// once with its own attributes, a damaged inode is left out (as before), and nothing read ahead
+    /// stays in memory once the kernel forgets what it was handed.
+    @Test func readdirPlusReadsPagesOfInodesAndKeepsNothingExtra() throws {
+        let f = try Fixture()
+        defer { f.cleanup() }
+        var sizes: [[UInt8]: UInt64] = [:]
+        var damaged: InodeNumber = 0
+        for i in 0..<30 {
+            let name = b("f\(i)")
+            let ino = try f.file("f\(i)", [UInt8](repeating: 1, count: i))
+            f.fs.forget(ino, lookups: 1)
+            if i == 13 { damaged = ino } else { sizes[name] = UInt64(i) }
+        }
+        try f.fs.commit()
+        try f.store.backend.putInode(damaged, sealed: [UInt8](repeating: 0x5A, count: 64))
+        try f.store.commit()
+        let h = try f.fs.opendir(root, caller: caller)
+        var seen: [[UInt8]: UInt64] = [:]
+        var offset: Int64 = 0
+        while true {
+            let page = try f.fs.readdir(root, handle: h, offset: offset, limit: 7, plus: true)
+            guard let last = page.last else { break }
+            offset = last.offset
+            for e in page where e.name != b(".") && e.name != b("..") {
+                #expect(seen[e.name] == nil, "listed twice")
+                seen[e.name] = e.attributes?.size
+                f.fs.forget(e.ino, lookups: 1)
+            }
+        }
+        #expect(seen == sizes)
+        let left = f.fs.inodes.keys.filter { $0 != root }
+        #expect(left.isEmpty, "read ahead and never handed out: \(left)")
+    }
+
     @Test func readdirPlusCountsLookups() throws {
         let f = try Fixture()
         defer { f.cleanup() }

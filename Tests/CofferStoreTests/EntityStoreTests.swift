@@ -35,6 +35,28 @@ struct EntityStoreTests {
         }
     }
 
+    /// A page of inodes read in one call (readdirplus): every existing id, with the full 64-bit range,
+    /// none that does not exist, and a row that does not open left out rather than failing the rest.
+    @Test(arguments: StoreEngine.allCases) func inodesReadInOneCall(engine: StoreEngine) throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(engine, in: dir)
+            defer { store.close() }
+            var wanted: [UInt64: InodeRecord] = [:]
+            for (i, id) in [UInt64(2), 1 << 40, UInt64(Int64.max), UInt64.max].enumerated() {
+                let rec = sampleInode(size: UInt64(i * 1000), contentId: UInt64(2 * i + 1), target: nil)
+                try store.putInode(id, rec)
+                wanted[id] = rec
+            }
+            try store.putInode(77, sampleInode(size: 7, contentId: 7, target: nil))
+            try store.backend.putInode(77, sealed: [UInt8](repeating: 0xAB, count: 60))  // damaged
+            #expect(try store.inodes([]).isEmpty)
+            let got = try store.inodes(Array(wanted.keys) + [77, 12345])
+            #expect(got == wanted)
+            try store.commit(durable: false)
+            #expect(try store.inodes(Array(wanted.keys)) == wanted)
+        }
+    }
+
     @Test(arguments: StoreEngine.allCases) func directoryEntries(engine: StoreEngine) throws {
         try withTempDir { dir in
             let (store, _, _) = try makeStore(engine, in: dir)

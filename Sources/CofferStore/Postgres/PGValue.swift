@@ -8,11 +8,13 @@ public enum PGValue: Sendable, Equatable {
     case int8(Int64)
     case bytea([UInt8])
     case text(String)
+    /// A one-dimensional int8[] without NULLs (`= ANY($1)`: a batch of ids in one prepared statement).
+    case int8Array([Int64])
 
     /// Type OIDs from pg_type (stable across releases).
     enum OID {
         static let bool: Oid = 16, bytea: Oid = 17, name: Oid = 19, int8: Oid = 20, int2: Oid = 21
-        static let int4: Oid = 23, text: Oid = 25, bpchar: Oid = 1042, varchar: Oid = 1043
+        static let int4: Oid = 23, text: Oid = 25, bpchar: Oid = 1042, varchar: Oid = 1043, int8Array: Oid = 1016
     }
 
     var oid: Oid {
@@ -23,6 +25,7 @@ public enum PGValue: Sendable, Equatable {
         case .int8: return OID.int8
         case .bytea: return OID.bytea
         case .text: return OID.text
+        case .int8Array: return OID.int8Array
         }
     }
 
@@ -35,6 +38,7 @@ public enum PGValue: Sendable, Equatable {
         case .int8: return 8
         case .bytea(let b): return b.count
         case .text(let s): return s.utf8.count
+        case .int8Array(let v): return v.isEmpty ? 12 : 20 + 12 * v.count
         }
     }
 
@@ -48,6 +52,21 @@ public enum PGValue: Sendable, Equatable {
         case .text(let s):
             var s = s
             s.withUTF8 { if let b = $0.baseAddress { p.copyMemory(from: b, byteCount: $0.count) } }
+        case .int8Array(let v):
+            // The binary array form (array_send): dimensions, has-NULLs flag, element type, then the
+            // dimension's length and lower bound, then each element as its length and its bytes.
+            var header: [Int32] = [1, 0, Int32(bitPattern: OID.int8), Int32(v.count), 1]
+            if v.isEmpty { header = [0, 0, Int32(bitPattern: OID.int8)] }
+            var at = 0
+            for h in header {
+                p.storeBytes(of: h.bigEndian, toByteOffset: at, as: Int32.self)
+                at += 4
+            }
+            for e in v {
+                p.storeBytes(of: Int32(8).bigEndian, toByteOffset: at, as: Int32.self)
+                p.storeBytes(of: e.bigEndian, toByteOffset: at + 4, as: Int64.self)
+                at += 12
+            }
         }
     }
 }

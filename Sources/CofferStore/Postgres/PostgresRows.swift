@@ -41,6 +41,18 @@ extension PostgresBackend {
     // MARK: Inodes
 
     public func inode(_ id: UInt64) throws(StoreError) -> [UInt8]? { try value(sql.inode, [Self.id(id)]) }
+    public func inodes(_ ids: [UInt64]) throws(StoreError) -> [UInt64: [UInt8]] {
+        guard !ids.isEmpty else { return [:] }
+        return try read { c in
+            let r = try c.execute(sql.inodesAmong, [.int8Array(ids.map { Int64(bitPattern: $0) })], prepared: true)
+            var out: [UInt64: [UInt8]] = [:]
+            for i in 0..<r.rowCount {
+                guard let id = try r.int64(i, 0), let value = try r.bytes(i, 1) else { continue }
+                out[UInt64(bitPattern: id)] = value
+            }
+            return out
+        }
+    }
     public func inodeExists(_ id: UInt64) throws(StoreError) -> Bool { try exists(sql.inodeExists, [Self.id(id)]) }
     public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) {
         try later(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count)

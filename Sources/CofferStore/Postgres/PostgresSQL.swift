@@ -114,6 +114,7 @@ struct PostgresSQL: Sendable {
 
     // Inodes
     var inode: String { "SELECT value FROM \(q).inodes WHERE id = $1" }
+    var inodesAmong: String { "SELECT id, value FROM \(q).inodes WHERE id = ANY($1)" }
     var inodeExists: String { "SELECT EXISTS (SELECT 1 FROM \(q).inodes WHERE id = $1)" }
     var putInode: String { "INSERT INTO \(q).inodes(id, value) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value" }
     var deleteInode: String { "DELETE FROM \(q).inodes WHERE id = $1" }

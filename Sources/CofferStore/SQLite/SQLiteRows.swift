@@ -16,6 +16,17 @@ extension SQLiteBackend {
         }
     }
 
+    public func inodes(_ ids: [UInt64]) throws(StoreError) -> [UInt64: [UInt8]] {
+        try writer { db in
+            let statement = try db.cachedStatement(sql: "SELECT value FROM inodes WHERE id = ?")
+            var out: [UInt64: [UInt8]] = [:]
+            for id in ids {
+                if let value = try Data.fetchOne(statement, arguments: [Int64(bitPattern: id)]) { out[id] = [UInt8](value) }
+            }
+            return out
+        }
+    }
+
     public func inodeExists(_ id: UInt64) throws(StoreError) -> Bool {
         try writer { db in
             try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM inodes WHERE id = ?"), arguments: [Int64(bitPattern: id)]) ?? false
