@@ -52,7 +52,6 @@ public protocol StoreBackend: AnyObject, Sendable {
     /// The rows of those of `ids` that exist, in one visit (a listing with attributes reads a page of
     /// inodes at once: one round trip instead of one per entry on a remote engine).
     func inodes(_ ids: [UInt64]) throws(StoreError) -> [UInt64: [UInt8]]
-    func inodeExists(_ id: UInt64) throws(StoreError) -> Bool
     func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError)
     func deleteInode(_ id: UInt64) throws(StoreError)
 

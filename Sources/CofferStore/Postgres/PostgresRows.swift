@@ -53,7 +53,6 @@ extension PostgresBackend {
             return out
         }
     }
-    public func inodeExists(_ id: UInt64) throws(StoreError) -> Bool { try exists(sql.inodeExists, [Self.id(id)]) }
     public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) {
         try later(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count)
     }

@@ -26,6 +26,7 @@ struct PostgresSQL: Sendable {
         CREATE TABLE \(q).orphans(id bigint PRIMARY KEY);
         CREATE TABLE \(q).chunkmaps(file bigint NOT NULL, page bigint NOT NULL, value bytea NOT NULL, PRIMARY KEY(file, page));
         ALTER TABLE \(q).chunks ALTER COLUMN value SET STORAGE EXTERNAL;
+        ALTER TABLE \(q).chunks SET (toast_tuple_target = 8160);
         ALTER TABLE \(q).chunkmaps ALTER COLUMN value SET STORAGE EXTERNAL;
         \(createLeases);
         \(createLocks);
@@ -115,7 +116,6 @@ struct PostgresSQL: Sendable {
     // Inodes
     var inode: String { "SELECT value FROM \(q).inodes WHERE id = $1" }
     var inodesAmong: String { "SELECT id, value FROM \(q).inodes WHERE id = ANY($1)" }
-    var inodeExists: String { "SELECT EXISTS (SELECT 1 FROM \(q).inodes WHERE id = $1)" }
     var putInode: String { "INSERT INTO \(q).inodes(id, value) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value" }
     var deleteInode: String { "DELETE FROM \(q).inodes WHERE id = $1" }
 

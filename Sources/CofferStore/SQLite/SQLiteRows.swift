@@ -27,12 +27,6 @@ extension SQLiteBackend {
         }
     }
 
-    public func inodeExists(_ id: UInt64) throws(StoreError) -> Bool {
-        try writer { db in
-            try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM inodes WHERE id = ?"), arguments: [Int64(bitPattern: id)]) ?? false
-        }
-    }
-
     public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) {
         try write(bytes: sealed.count) { db in
             try db.cachedStatement(sql: "INSERT OR REPLACE INTO inodes(id, value) VALUES (?, ?)").execute(arguments: [
