@@ -60,6 +60,37 @@ import Testing
         #expect(pgError { _ = try r.int64(-1, 0) }?.kind == .usage)
     }
 
+    /// Statements queued ahead go in the round trip of the next call, before its own statement; only
+    /// the call's own results come back, and a failure ahead fails the call.
+    @Test func statementsAheadGoWithTheNextCall() throws {
+        let c = try PGConnection(try Shared.cluster().superuserURI)
+        let t = try freshTable(c, "id int8 PRIMARY KEY, v bytea")
+        c.ahead = (0..<3).map { PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(Int64($0)), .bytea([1])], prepared: true) }
+        #expect(try c.execute("SELECT count(*) FROM \(t)").int64(0, 0) == 3)
+        #expect(c.ahead.isEmpty)
+        c.ahead = [PGStatement("INSERT INTO \(t) VALUES (10, ''::bytea)")]
+        let r = try c.pipeline([PGStatement("SELECT count(*) FROM \(t)"), PGStatement("SELECT max(id) FROM \(t)")])
+        #expect(r.count == 2)
+        #expect(try r[0].int64(0, 0) == 4 && r[1].int64(0, 0) == 10)
+        c.ahead = [PGStatement("INSERT INTO \(t) VALUES (0, ''::bytea)")]  // duplicate key
+        #expect(pgError { _ = try c.execute("SELECT 1") }?.sqlState == .uniqueViolation)
+        #expect(c.ahead.isEmpty && c.isAlive)
+        c.ahead = [PGStatement("INSERT INTO \(t) VALUES (11, ''::bytea)")]
+        #expect(try c.pipeline([]).isEmpty)
+        #expect(try count(c, t) == 5)
+    }
+
+    /// An int8[] parameter in binary: `= ANY($1)` finds exactly the listed ids, none for an empty array.
+    @Test func int8ArrayParameter() throws {
+        let c = try PGConnection(try Shared.cluster().superuserURI)
+        let t = try freshTable(c, "id int8 PRIMARY KEY")
+        let ids: [Int64] = [.min, -1, 0, 7, 1 << 40, .max]
+        for id in ids + [8, 9] { try c.execute("INSERT INTO \(t) VALUES ($1)", [.int8(id)]) }
+        let r = try c.execute("SELECT id FROM \(t) WHERE id = ANY($1) ORDER BY id", [.int8Array(ids + [12345])], prepared: true)
+        #expect(try (0..<r.rowCount).map { try r.int64($0, 0) } == ids)
+        #expect(try c.execute("SELECT count(*) FROM \(t) WHERE id = ANY($1)", [.int8Array([])], prepared: true).int64(0, 0) == 0)
+    }
+
     @Test func pipelinedBatchIsOneImplicitTransaction() throws {
         let c = try PGConnection(try Shared.cluster().superuserURI)
         let t = try freshTable(c, "id int8 PRIMARY KEY, v bytea")

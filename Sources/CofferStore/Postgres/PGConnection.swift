@@ -38,6 +38,7 @@ public final class PGConnection: @unchecked Sendable {
     deinit { if let handle { PQfinish(handle) } }
 
     private func open() throws(PGError) {
+        ahead = []
         if let handle { PQfinish(handle) }
         handle = nil
         poisoned = false
@@ -116,6 +117,7 @@ public final class PGConnection: @unchecked Sendable {
 
     /// Ends the session; `isAlive` is false until `reconnect`.
     public func close() {
+        ahead = []
         if let handle { PQfinish(handle) }
         handle = nil
     }
@@ -133,12 +135,23 @@ public final class PGConnection: @unchecked Sendable {
     /// The server's version as libpq reports it (150018 for 15.18); 0 when not connected.
     public var serverVersion: Int { handle.map { Int(PQserverVersion($0)) } ?? 0 }
 
+    /// Statements that go ahead of the next `execute` or `pipeline`, in its round trip (a group's
+    /// queued writes: PostgresBackend.later). Their results are not returned; a failure among them
+    /// fails that call. Emptied by the call, and by `close` and `reconnect`.
+    public var ahead: [PGStatement] = []
+
     /// Runs one statement with binary parameters and a binary result.
     /// `prepared`: the statement is parsed and planned once per connection and then only bound and
     /// run (pgbench -S here: 41 µs a SELECT prepared, 87 µs not); for the fixed statements of the
     /// store, not for SQL built on the fly (each text stays prepared until the session ends).
     @discardableResult
     public func execute(_ sql: String, _ params: [PGValue] = [], prepared: Bool = false) throws(PGError) -> PGResult {
+        if !ahead.isEmpty {
+            guard let r = try pipeline([PGStatement(sql, params, prepared: prepared)]).first else {
+                throw PGError(.server, "no answer to the statement")
+            }
+            return r
+        }
         let c = try connected()
         let p = try PGParameterArrays(params)
         let r: OpaquePointer?
@@ -196,6 +209,9 @@ public final class PGConnection: @unchecked Sendable {
     /// first error is thrown after every answer up to the sync has been read, so the connection stays
     /// usable; statements after a failed one come back aborted and are not run.
     public func pipeline(_ statements: [PGStatement]) throws(PGError) -> [PGResult] {
+        let skip = ahead.count
+        let statements = ahead + statements
+        ahead = []
         guard !statements.isEmpty else { return [] }
         let c = try connected()
         guard PQpipelineStatus(c) == PQ_PIPELINE_OFF else { throw PGError(.usage, "a pipeline is already running") }
@@ -236,7 +252,7 @@ public final class PGConnection: @unchecked Sendable {
         guard synced else { throw abandon(c, "no sync at the end of the batch") }
         guard PQexitPipelineMode(c) == 1 else { throw abandon(c) }
         if let firstError { throw firstError }
-        return results
+        return Array(results.dropFirst(skip))
     }
 
     // MARK: errors

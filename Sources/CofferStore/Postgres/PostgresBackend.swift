@@ -46,15 +46,24 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
         var dirtyFiles = Set<UInt64>()
         /// Something was written (a group begun only for its lock and state may end without a commit).
         var wrote = false
-        /// Writes whose answer nothing waits for (`later`), sent together before the next statement on
-        /// the writer or with the commit: a record put costs no round trip of its own.
+        /// Writes whose answer nothing waits for (`later`), sent in the round trip of the next statement
+        /// on the writer or with the commit: a record put costs no round trip of its own.
         var queued: [PGStatement] = []
+        /// The bytes of the queued values (bounded by `queuedChunkLimit` for chunks).
+        var queuedBytes = 0
         mutating func clear() {
             since = nil
             bytes = 0
             dirtyFiles.removeAll()
             wrote = false
-            queued.removeAll()
+            _ = takeQueued()
+        }
+        mutating func takeQueued() -> [PGStatement] {
+            defer {
+                queued.removeAll()
+                queuedBytes = 0
+            }
+            return queued
         }
     }
     let pending = Mutex(Pending())

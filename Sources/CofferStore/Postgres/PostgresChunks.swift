@@ -52,10 +52,21 @@ extension PostgresBackend {
         }
     }
 
-    /// Several chunks of one file in one round trip (a pipeline of prepared upserts).
+    /// Queued chunk values are held in memory until the next round trip: at most this many bytes.
+    static let queuedChunkLimit = 1 << 20
+
+    /// Several chunks of one file in one round trip (a pipeline of prepared upserts). A small write
+    /// (a small file's one chunk, a log line) is queued and goes with the next round trip, as record
+    /// puts do; a streaming one goes at once, so queued chunks never hold more than `queuedChunkLimit`.
     public func putChunks(file: UInt64, _ chunks: [(index: UInt64, sealed: [UInt8])]) throws(StoreError) {
         guard !chunks.isEmpty else { return }
         let total = chunks.reduce(0) { $0 + $1.sealed.count }
+        if chunks.count <= 2, pending.withLock({ $0.queuedBytes + total <= Self.queuedChunkLimit }) {
+            for chunk in chunks {
+                try later(sql.putChunk, [Self.id(file), Self.id(chunk.index), .bytea(chunk.sealed)], bytes: chunk.sealed.count, file: file)
+            }
+            return
+        }
         try write(bytes: total, file: file) { c in
             if chunks.count == 1 {
                 try c.execute(sql.putChunk, [Self.id(file), Self.id(chunks[0].index), .bytea(chunks[0].sealed)], prepared: true)

@@ -13,8 +13,7 @@ extension PostgresBackend {
         guard !readOnly else { throw .readOnly }
         return try onWriter { () throws(StoreError) -> T in
             if pending.withLock({ $0.since == nil }) { try begin() }
-            if !queueing { try sendQueued() }
-            let result = try inTransaction { try body(writer) }
+            let result = try inTransaction { try queueing ? body(writer) : withQueued(body) }
             pending.withLock { p in
                 p.wrote = true
                 p.bytes += bytes
@@ -28,10 +27,7 @@ extension PostgresBackend {
     func read<T>(_ body: (PGConnection) throws -> T) throws(StoreError) -> T {
         try onWriter { () throws(StoreError) -> T in
             if snapshotLost.withLock({ $0 }) { throw .unavailable("the connection holding the snapshot was lost") }
-            if pending.withLock({ $0.since != nil }) {
-                try sendQueued()
-                return try inTransaction { try body(writer) }
-            }
+            if pending.withLock({ $0.since != nil }) { return try inTransaction { try withQueued(body) } }
             return try idle(body)
         }
     }
@@ -40,18 +36,32 @@ extension PostgresBackend {
     /// sent with the next statement's round trip or the commit's. Its failure drops the group there.
     func later(_ statement: String, _ params: [PGValue], bytes: Int = 0, file: UInt64? = nil) throws(StoreError) {
         try write(bytes: bytes, file: file, queueing: true) { _ in
-            pending.withLock { $0.queued.append(PGStatement(statement, params, prepared: true)) }
+            pending.withLock { p in
+                p.queued.append(PGStatement(statement, params, prepared: true))
+                p.queuedBytes += bytes
+            }
         }
     }
 
-    /// Sends the queued writes (with the writer held, in the open group) in one round trip.
-    private func sendQueued() throws(StoreError) {
-        let queued = pending.withLock { p in
-            defer { p.queued.removeAll() }
-            return p.queued
+    /// `body` on the writer (held, in the open group) with the queued writes going ahead of its first
+    /// statement, in the same round trip; sent on their own when it ran none.
+    private func withQueued<T>(_ body: (PGConnection) throws -> T) throws -> T {
+        writer.ahead = pending.withLock { $0.takeQueued() }
+        let result: T
+        do {
+            result = try body(writer)
+            if !writer.ahead.isEmpty { _ = try writer.pipeline([]) }
+        } catch {
+            // Not sent (`body` failed before its first statement): still the group's, unless it is dropped.
+            let unsent = writer.ahead
+            writer.ahead = []
+            pending.withLock { p in
+                p.queued = unsent + p.queued
+                p.queuedBytes += unsent.reduce(0) { $0 + $1.params.reduce(0) { $0 + ($1.byteCount ?? 0) } }
+            }
+            throw error
         }
-        guard !queued.isEmpty else { return }
-        _ = try inTransaction { try writer.pipeline(queued) }
+        return result
     }
 
     public func beginGroup() throws(StoreError) {
@@ -122,10 +132,7 @@ extension PostgresBackend {
                 return false
             }
             let sealed = try state()
-            let queued = pending.withLock { p in
-                defer { p.queued.removeAll() }
-                return p.queued
-            }
+            let queued = pending.withLock { $0.takeQueued() }
             try inTransaction {
                 var statements = queued
                 // Commits in between need not wait for the server's disk: fsync and unmount commit
