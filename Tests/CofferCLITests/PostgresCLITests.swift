@@ -137,6 +137,11 @@ struct PostgresCLITests {
         try cluster.psql("INSERT INTO \(leases) VALUES ('an-fsck', 'elsewhere', 1, 'another-machine', 'fsck', now() + interval '1 hour')")
         let refused = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv)
         #expect(refused.status == 15 && refused.stderr.contains("pid 1 on elsewhere (fsck)"), "\(refused)")
+        // A hostile row's text reaches no terminal as escape sequences.
+        try cluster.psql("UPDATE \(leases) SET host = E'else\\x1b]0;owned\\x07where\\n' WHERE holder = 'an-fsck'")
+        let escaped = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv)
+        #expect(escaped.status == 15 && escaped.stderr.contains("pid 1 on else?]0;owned?where? (fsck)"), "\(escaped)")
+        #expect(!escaped.stderr.contains("\u{1B}") && !escaped.stderr.contains("\u{07}"))
         try cluster.psql("DELETE FROM \(leases) WHERE holder = 'an-fsck'")
         // The same machine sees its killed holder's pid is gone: no wait.
         let here = coffer(["mount", uri, sb.mnt, "--passfile", sb.passfile], env: leaseEnv)

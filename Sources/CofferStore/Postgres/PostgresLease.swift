@@ -11,7 +11,12 @@ public final class PostgresLease: @unchecked Sendable {
     /// Who holds a container, for messages ("mounted by pid 12 on host").
     public struct Holder: Sendable, Equatable, CustomStringConvertible {
         public let holder: String, host: String, pid: Int32, machine: String, purpose: String
-        public var description: String { "pid \(pid) on \(host) (\(purpose))" }
+        /// Host and purpose come from the server: control characters (a terminal's escape sequences) are
+        /// shown as `?`, so a hostile row cannot write to the terminal of whoever reads the message.
+        public var description: String { "pid \(pid) on \(Self.printable(host)) (\(Self.printable(purpose)))" }
+        static func printable(_ s: String) -> String {
+            String(String.UnicodeScalarView(s.unicodeScalars.prefix(255).map { $0.properties.generalCategory == .control ? "?" : $0 }))
+        }
         /// A holder of this machine whose process has ended: its lease can be taken over at once.
         public func isGone(machine: String) -> Bool { self.machine == machine && host == hostName() && !isAlive(pid) }
     }
