@@ -168,6 +168,33 @@ struct IntegrityTests {
         #expect(w.sb.unmount().ok)
     }
 
+    /// The server (or an editor of store.db) drops a whole table: the mount is refused, or the
+    /// table's rows are EIO where they are asked for; every other file and name keeps working.
+    @Test func droppedXattrTableFailsOnlyXattrs() throws {
+        let w = try World("droptable")
+        defer { w.cleanup() }
+        try w.edit(
+            """
+            db.execute('DROP TABLE xattrs')
+            try:
+                db.execute('SELECT count(*) FROM xattrs'); assert False, 'the table is still there'
+            except DatabaseError:
+                pass
+            """)
+        let m = w.sb.mount()
+        try #require(m.ok, "\(m)")
+        let pid = E2E.daemonPid(container: w.sb.container)
+        let get = E2E.sh("getfattr -n user.note '\(w.sb.mnt)/a.txt'")
+        #expect(!get.ok && get.stderr.contains("Input/output error"), "\(get)")
+        w.expect(w.readAll(), damaged: [])
+        let listing = E2E.sh("ls -laR '\(w.sb.mnt)'")
+        #expect(listing.ok, "\(listing)")
+        try E2E.write(w.sb.mnt + "/new.txt", "written after the damage")
+        #expect(E2E.readText(w.sb.mnt + "/new.txt") == "written after the damage")
+        if let pid { #expect(E2E.isAlive(pid), "the daemon died") }
+        #expect(w.sb.unmount().ok)
+    }
+
     @Test func chunksSwappedWithinAFileAndBetweenFiles() throws {
         let w = try World("swap")
         defer { w.cleanup() }
