@@ -226,13 +226,14 @@ struct HostileContainerTests {
         }
         defer { if isPostgres { TamperStore.dropSchema(pristine) } }
 
-        // COFFER_FUZZ_SEED=N reruns one seed, =A-B a range (longer runs by hand); CI runs 1-40.
+        // COFFER_FUZZ_SEED=N reruns one seed, =A-B a range (longer runs by hand); CI runs 1-40 (over
+        // PostgreSQL 1-20: the Makefile). COFFER_FUZZ_VERBOSE=1 prints each seed's damage and outcome.
         var seeds = Array(1...40)
         if let spec = ProcessInfo.processInfo.environment["COFFER_FUZZ_SEED"] {
             let bounds = spec.split(separator: "-").compactMap { Int($0) }
             if bounds.count == 1 { seeds = [bounds[0]] } else if bounds.count == 2, bounds[0] <= bounds[1] { seeds = Array(bounds[0]...bounds[1]) }
         }
-        let verbose = ProcessInfo.processInfo.environment["COFFER_FUZZ_VERBOSE"] != nil  // each seed's damage and outcome
+        let verbose = ProcessInfo.processInfo.environment["COFFER_FUZZ_VERBOSE"] != nil
         var failures: [String] = []
         var outcomes: [String: Int] = [:]
         for seed in seeds {
