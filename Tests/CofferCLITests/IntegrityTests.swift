@@ -168,6 +168,22 @@ struct IntegrityTests {
         #expect(w.sb.unmount().ok)
     }
 
+    /// A PostgreSQL server is live under the mount: it flips a chunk and an inode the mount has not
+    /// read yet. (A directory's store.db is attacked here only while unmounted.)
+    @Test(.enabled(if: TestEngine.isPostgres, "the server edits rows under a live mount"))
+    func bitFlipsUnderALiveMountAreEIO() throws {
+        let w = try World("liveflip")
+        defer { w.cleanup() }
+        let ino = try #require(w.inodes["b.txt"])
+        try #require(w.sb.mount().ok)
+        let pid = E2E.daemonPid(container: w.sb.container)
+        try w.edit(Self.flipOneBit + "flip('chunks', 'file = \(Self.pagedFile) AND idx = 4')")
+        try w.edit(Self.flipOneBit + "flip('inodes', 'id = ?', (\(Int64(bitPattern: ino)),))")
+        w.expect(w.readAll(), damaged: ["paged.bin", "b.txt"])
+        if let pid { #expect(E2E.isAlive(pid), "the daemon died") }
+        #expect(w.sb.unmount().ok)
+    }
+
     /// The server (or an editor of store.db) drops a whole table: the mount is refused, or the
     /// table's rows are EIO where they are asked for; every other file and name keeps working.
     @Test func droppedXattrTableFailsOnlyXattrs() throws {
