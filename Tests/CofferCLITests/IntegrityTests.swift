@@ -184,6 +184,35 @@ struct IntegrityTests {
         #expect(w.sb.unmount().ok)
     }
 
+    /// A live PostgreSQL server puts back the older version of a chunk the mount has just rewritten
+    /// (and fsynced): never read as the file's bytes.
+    @Test(.enabled(if: TestEngine.isPostgres, "the server edits rows under a live mount"))
+    func olderChunkPutBackUnderALiveMountIsEIO() throws {
+        let w = try World("livereplay")
+        defer { w.cleanup() }
+        let old = try w.snapshot()
+        try #require(w.sb.mount().ok)
+        let pid = E2E.daemonPid(container: w.sb.container)
+        let fresh = E2E.randomBytes(32768)
+        let r = E2E.py(
+            "import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY)\nos.pwrite(fd, bytes.fromhex(sys.argv[2]), 65536)\nos.fsync(fd)\nos.close(fd)",
+            [w.sb.mnt + "/inline.bin", fresh.map { String(format: "%02x", $0) }.joined()])
+        try #require(r.ok, "\(r)")
+        w.originals["inline.bin"]?.replaceSubrange(65536..<98304, with: fresh)
+        try w.edit(
+            """
+            db.execute('ATTACH DATABASE ? AS old', (sys.argv[2],))
+            f = db.execute('SELECT \(Self.inlineFile)').fetchone()[0]
+            v = db.execute('SELECT value FROM old.chunks WHERE file=? AND idx=2', (f,)).fetchone()[0]
+            assert v != db.execute('SELECT value FROM chunks WHERE file=? AND idx=2', (f,)).fetchone()[0], 'the rewrite is not committed'
+            assert db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=2', (v, f)).rowcount == 1
+            """, [old])
+        let result = w.readAll()
+        w.expect(result, damaged: ["inline.bin"])
+        if let pid { #expect(E2E.isAlive(pid), "the daemon died") }
+        #expect(w.sb.unmount().ok)
+    }
+
     /// The server (or an editor of store.db) drops a whole table: the mount is refused, or the
     /// table's rows are EIO where they are asked for; every other file and name keeps working.
     @Test func droppedXattrTableFailsOnlyXattrs() throws {
