@@ -53,9 +53,11 @@ test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 	COFFER_TEST_ENGINE=postgres $(SWIFT) test --skip-build --filter CofferFSTests   # the filesystem tests again, over PostgreSQL
-	# The mount suites again over PostgreSQL (fewer model seeds and crash rounds: the time budget of `make test`).
+	# The mount suites again over PostgreSQL (fewer model seeds, crash rounds and fuzz seeds: the time budget of
+	# `make test`), the tamper suites with psql as the attacker.
 	COFFER_TEST_ENGINE=postgres COFFER_MODEL_SEEDS=$${COFFER_PG_MODEL_SEEDS:-10} COFFER_CRASH_ROUNDS=$${COFFER_PG_CRASH_ROUNDS:-10} \
-		$(SWIFT) test --skip-build --filter 'CofferCLITests\.(PosixTests|ModelTests|WorkloadTests|CrashTests)'
+		COFFER_FUZZ_SEED=$${COFFER_PG_FUZZ_SEEDS:-1-20} \
+		$(SWIFT) test --skip-build --filter 'CofferCLITests\.(PosixTests|ModelTests|WorkloadTests|CrashTests|IntegrityTests|HostileContainerTests)'
 
 # The code's layout, checked by the toolchain's swift-format with .swift-format (4 spaces, 150 columns,
 # one statement per line); `make format` rewrites the tree to it.

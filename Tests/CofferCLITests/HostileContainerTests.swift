@@ -11,28 +11,48 @@ import Testing
 /// printed (rerun one with COFFER_FUZZ_SEED=N, or a range with =A-B).
 @Suite("Hostile containers (seeded fuzz)", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"))
 struct HostileContainerTests {
-    /// The damage, chosen and applied by a python3 program from the seed (argv: seed, container).
+    /// The damage, chosen and applied by a python3 program from the seed (argv: seed, container:
+    /// a directory, or a PostgreSQL container's URI, whose rows are edited through psql as the
+    /// server's superuser: run after TamperStore.python). Where an attack is on the database
+    /// file (flipped bytes, a truncated file), PostgreSQL gets the server's closest equivalent.
     static let damage = #"""
-        import json, os, random, sqlite3, sys
         seed, c = int(sys.argv[1]), sys.argv[2]
         rnd = random.Random(seed)
-        db_path = os.path.join(c, 'store.db')
-        tables = ['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps', 'orphans', 'coffer_meta', 'coffer_kinds']
+        pg = is_postgres(c)
+        db_path = c if pg else os.path.join(c, 'store.db')
+        META, KINDS, ROWID, BLOB = ('meta', 'kinds', 'ctid', 'bytea') if pg else ('coffer_meta', 'coffer_kinds', 'rowid', 'BLOB')
         done = []
 
         def sql(f):
-            db = sqlite3.connect(db_path)
+            db = connect(db_path)
             try:
                 f(db); db.commit()
-            except sqlite3.DatabaseError as e:
-                done.append('sqlite refused: %s' % e)
+            except DatabaseError as e:
+                done.append('the database refused: %s' % str(e)[:200])
             db.close()
 
-        def rows(db, t):
-            return db.execute('SELECT rowid, * FROM %s' % t).fetchall() if t in ('inodes', 'chunks', 'chunkmaps', 'orphans', 'coffer_kinds') \
-                else db.execute('SELECT * FROM %s' % t).fetchall()
+        def flip_server_bytes():
+            # PostgreSQL: the server flips bits anywhere in the container's values, the header included.
+            def f(db):
+                for _ in range(rnd.choice([1, 1, 2, 8, 64])):
+                    t = rnd.choice(['header', 'meta', 'inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps'])
+                    n = db.execute('UPDATE %s SET value = set_byte(value, ? %% length(value), get_byte(value, ? %% length(value)) # ?) '
+                                   'WHERE ctid = (SELECT ctid FROM %s WHERE length(value) > 0 ORDER BY random() LIMIT 1)' % (t, t),
+                                   (rnd.randrange(1 << 20),) * 2 + (1 << rnd.randrange(8),)).rowcount
+                    done.append('flipped a bit in %d row(s) of %s' % (n, t))
+            sql(f)
+
+        def lose_rows():
+            # PostgreSQL: the server loses rows at random (as a file cut short loses its tail).
+            def f(db):
+                for t in rnd.sample(['header', 'meta', 'kinds', 'inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps', 'orphans'], rnd.choice([1, 2, 3])):
+                    p = rnd.choice([0.1, 0.5, 1.0])
+                    n = db.execute('DELETE FROM %s WHERE random() < ?' % t, (p,)).rowcount
+                    done.append('lost %d row(s) of %s' % (n, t))
+            sql(f)
 
         def flip_bytes():
+            if pg: return flip_server_bytes()
             data = bytearray(open(db_path, 'rb').read())
             for _ in range(rnd.choice([1, 1, 2, 8, 64])):
                 i = rnd.randrange(len(data)); data[i] ^= 1 << rnd.randrange(8)
@@ -52,24 +72,29 @@ struct HostileContainerTests {
 
         def delete_rows():
             def f(db):
-                t = rnd.choice(['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps', 'coffer_meta', 'coffer_kinds'])
+                t = rnd.choice(['inodes', 'dirents', 'chunks', 'xattrs', 'chunkmaps', META, KINDS])
                 n = db.execute('DELETE FROM %s WHERE value IN (SELECT value FROM %s ORDER BY random() LIMIT %d)' % (t, t, rnd.choice([1, 2, 5]))).rowcount \
-                    if t not in ('coffer_kinds',) else db.execute('DELETE FROM coffer_kinds WHERE kind = ?', (rnd.randrange(1, 7),)).rowcount
+                    if t != KINDS else db.execute('DELETE FROM %s WHERE kind = ?' % KINDS, (rnd.randrange(1, 7),)).rowcount
                 done.append('deleted %d row(s) of %s' % (n, t))
             sql(f)
+
+        def put(db, t, key, row):
+            # INSERT OR REPLACE, on either engine.
+            db.execute('DELETE FROM %s WHERE %s' % (t, ' AND '.join('%s = ?' % k for k in key)), row[:len(key)])
+            db.execute('INSERT INTO %s VALUES (%s)' % (t, ', '.join('?' * len(row))), row)
 
         def duplicate_rows():
             def f(db):
                 t = rnd.choice(['inodes', 'chunks', 'chunkmaps'])
                 if t == 'inodes':
                     r = db.execute('SELECT id, value FROM inodes ORDER BY random() LIMIT 1').fetchone()
-                    db.execute('INSERT OR REPLACE INTO inodes(id, value) VALUES (?, ?)', (rnd.randrange(2, 1 << 62), r[1]))
+                    put(db, 'inodes', ['id'], (rnd.randrange(2, 1 << 62), r[1]))
                 elif t == 'chunks':
                     r = db.execute('SELECT file, idx, value FROM chunks ORDER BY random() LIMIT 1').fetchone()
-                    if r: db.execute('INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)', (r[0], r[1] + rnd.choice([1, 2, 100]), r[2]))
+                    if r: put(db, 'chunks', ['file', 'idx'], (r[0], r[1] + rnd.choice([1, 2, 100]), r[2]))
                 else:
                     r = db.execute('SELECT file, page, value FROM chunkmaps ORDER BY random() LIMIT 1').fetchone()
-                    if r: db.execute('INSERT OR REPLACE INTO chunkmaps VALUES (?, ?, ?)', (r[0], r[1] + 1, r[2]))
+                    if r: put(db, 'chunkmaps', ['file', 'page'], (r[0], r[1] + 1, r[2]))
                 done.append('duplicated a row of %s' % t)
             sql(f)
 
@@ -80,8 +105,8 @@ struct HostileContainerTests {
                 if not v: return
                 v = v[0]
                 if dst == 'inodes': db.execute('UPDATE inodes SET value=? WHERE id IN (SELECT id FROM inodes ORDER BY random() LIMIT 1)', (v,))
-                elif dst == 'chunks': db.execute('UPDATE chunks SET value=? WHERE rowid IN (SELECT rowid FROM chunks ORDER BY random() LIMIT 1)', (v,))
-                elif dst == 'chunkmaps': db.execute('UPDATE chunkmaps SET value=? WHERE rowid IN (SELECT rowid FROM chunkmaps ORDER BY random() LIMIT 1)', (v,))
+                elif dst in ('chunks', 'chunkmaps'):
+                    db.execute('UPDATE %s SET value=? WHERE %s IN (SELECT %s FROM %s ORDER BY random() LIMIT 1)' % (dst, ROWID, ROWID, dst), (v,))
                 else:
                     old = db.execute('SELECT value FROM %s ORDER BY random() LIMIT 1' % dst).fetchone()
                     if old: db.execute('UPDATE %s SET value=? WHERE value=?' % dst, (v, old[0]))
@@ -89,6 +114,7 @@ struct HostileContainerTests {
             sql(f)
 
         def truncate_file():
+            if pg: return lose_rows()
             size = os.path.getsize(db_path)
             n = rnd.randrange(0, size)
             os.truncate(db_path, n); done.append('truncated the database to %d of %d bytes' % (n, size))
@@ -96,23 +122,40 @@ struct HostileContainerTests {
         def schema_change():
             def f(db):
                 k = rnd.randrange(6)
-                stmt = ['ALTER TABLE chunks RENAME TO chunks_old', 'DROP TABLE chunkmaps', 'ALTER TABLE inodes ADD COLUMN extra BLOB',
-                        "UPDATE coffer_kinds SET transformer = 'coffer.chunk.v0' WHERE kind = 3", "UPDATE coffer_meta SET value = X'32' WHERE name = 'format'",
-                        "INSERT INTO coffer_kinds VALUES (99, 'mystery', 'x.y.z')"][k]
-                db.execute(stmt); done.append('schema: ' + stmt)
+                stmt = ['ALTER TABLE chunks RENAME TO chunks_old', 'DROP TABLE chunkmaps', 'ALTER TABLE inodes ADD COLUMN extra ' + BLOB,
+                        "UPDATE %s SET transformer = 'coffer.chunk.v0' WHERE kind = 3" % KINDS, "UPDATE %s SET value = ? WHERE name = 'format'" % META,
+                        "INSERT INTO %s VALUES (99, 'mystery', 'x.y.z')" % KINDS][k]
+                db.execute(stmt, (b'2',) if '?' in stmt else ()); done.append('schema: ' + stmt)
             sql(f)
 
+        def read_header():
+            # {} when an earlier damage left no header or garbage.
+            try:
+                if pg:
+                    row = connect(c).execute('SELECT value FROM header').fetchone()
+                    return json.loads(row[0]) if row else {}
+                return json.load(open(os.path.join(c, 'coffer.json')))
+            except ValueError:
+                return {}
+
+        def write_header(data):
+            if pg:
+                db = connect(c)
+                db.execute('DELETE FROM header')
+                assert db.execute('INSERT INTO header VALUES (1, ?)', (data,)).rowcount == 1
+            else:
+                open(os.path.join(c, 'coffer.json'), 'wb').write(data)
+
         def garbage_header():
-            p = os.path.join(c, 'coffer.json')
             k = rnd.randrange(4)
             if k == 0:
-                open(p, 'wb').write(bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 400))))
-            elif k == 1:
-                h = json.load(open(p)); h['slots'] = 'nope'; json.dump(h, open(p, 'w'))
-            elif k == 2:
-                h = json.load(open(p)); h['chunkSize'] = rnd.choice([0, -1, 3, 1 << 40]); json.dump(h, open(p, 'w'))
+                write_header(bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 400))))
             else:
-                h = json.load(open(p)); h['store'] = rnd.choice(['../../etc/passwd', '/etc/passwd', 'x\u0000y', '']); json.dump(h, open(p, 'w'))
+                h = read_header()
+                if k == 1: h['slots'] = 'nope'
+                elif k == 2: h['chunkSize'] = rnd.choice([0, -1, 3, 1 << 40])
+                else: h['store'] = rnd.choice(['../../etc/passwd', '/etc/passwd', 'x\u0000y', ''])
+                write_header(json.dumps(h).encode())
             done.append('garbage header (%d)' % k)
 
         kinds = [flip_bytes, flip_value, flip_value, delete_rows, delete_rows, duplicate_rows, move_between_tables, truncate_file, schema_change, garbage_header]
@@ -173,23 +216,38 @@ struct HostileContainerTests {
         try #require(pristineWalk.ok, "\(pristineWalk)")
         let original = try #require(try JSONSerialization.jsonObject(with: Data(pristineWalk.stdout.utf8)) as? [String: String])
         try #require(sb.unmount().ok)
-        let pristine = sb.root + "/pristine"
-        try #require(E2E.run("/bin/cp", ["-a", sb.container, pristine]).ok)
+        // The pristine container, copied for each seed: a directory, or a schema of the same cluster.
+        let isPostgres = TestEngine.isURI(sb.container)
+        let pristine = isPostgres ? TamperStore.schema(sb.container) + "_pristine" : sb.root + "/pristine"
+        if isPostgres {
+            try TamperStore.copySchema(from: TamperStore.schema(sb.container), to: pristine)
+        } else {
+            try #require(E2E.run("/bin/cp", ["-a", sb.container, pristine]).ok)
+        }
+        defer { if isPostgres { TamperStore.dropSchema(pristine) } }
 
-        // COFFER_FUZZ_SEED=N reruns one seed, =A-B a range (longer runs by hand); CI runs 1-40.
+        // COFFER_FUZZ_SEED=N reruns one seed, =A-B a range (longer runs by hand); CI runs 1-40 (over
+        // PostgreSQL 1-20: the Makefile). COFFER_FUZZ_VERBOSE=1 prints each seed's damage and outcome.
         var seeds = Array(1...40)
         if let spec = ProcessInfo.processInfo.environment["COFFER_FUZZ_SEED"] {
             let bounds = spec.split(separator: "-").compactMap { Int($0) }
             if bounds.count == 1 { seeds = [bounds[0]] } else if bounds.count == 2, bounds[0] <= bounds[1] { seeds = Array(bounds[0]...bounds[1]) }
         }
+        let verbose = ProcessInfo.processInfo.environment["COFFER_FUZZ_VERBOSE"] != nil
         var failures: [String] = []
         var outcomes: [String: Int] = [:]
         for seed in seeds {
-            let c = sb.root + "/c\(seed)"
-            try #require(E2E.run("/bin/cp", ["-a", pristine, c]).ok)
-            let damage = E2E.py(Self.damage, [String(seed), c])
+            let c: String
+            if isPostgres {
+                try TamperStore.copySchema(from: pristine, to: TamperStore.schema(sb.container) + "_s\(seed)")
+                c = try TamperStore.uri(schema: TamperStore.schema(sb.container) + "_s\(seed)")
+            } else {
+                c = sb.root + "/c\(seed)"
+                try #require(E2E.run("/bin/cp", ["-a", pristine, c]).ok)
+            }
+            let damage = E2E.py(TamperStore.python + Self.damage, [String(seed), c])
             guard damage.ok else {
-                failures.append("seed \(seed): the damage script failed: \(damage)")
+                failures.append("seed \(seed): the damage script failed (status \(damage.status)): \(damage.stderr.suffix(600))")
                 continue
             }
             let what = damage.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
@@ -246,7 +304,10 @@ struct HostileContainerTests {
                 if again.status != 0 { problems.append("fsck after a repair found more: \(again.stdout.suffix(300))") }
             }
             if !problems.isEmpty { failures.append("seed \(seed) [\(what)]: " + problems.joined(separator: "; ")) }
-            E2E.run("/bin/rm", ["-rf", c])
+            if verbose {
+                print("seed \(seed) [\(what)]: mount \(m.status) \(m.stderrLines.last ?? ""), fsck \(check.status) \(check.stderrLines.last ?? "")")
+            }
+            if isPostgres { TamperStore.dropSchema(TamperStore.schema(c)) } else { E2E.run("/bin/rm", ["-rf", c]) }
         }
         print("hostile containers: \(seeds.count) seeds, outcomes \(outcomes.sorted { $0.key < $1.key })")
         let report = failures.joined(separator: "\n")

@@ -6,8 +6,10 @@ import Testing
 #endif
 
 /// Issue "Integrity": each attack is made on an unmounted container with ordinary tools (python3's
-/// sqlite3 module, cp), then the container is mounted and read. Damage inside a file is EIO on that
-/// file and nothing else; no read ever returns bytes that are not the file's own.
+/// sqlite3 module, cp; for a PostgreSQL container psql as the server's superuser: TamperStore), then
+/// the container is mounted and read. Damage inside a file is EIO on that file and nothing else; no
+/// read ever returns bytes that are not the file's own. The same attacks run on either engine
+/// (COFFER_TEST_ENGINE=postgres: the server is the attacker).
 @Suite("Integrity: attacks on a real container", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"))
 struct IntegrityTests {
     /// The tree every attack starts from. `paged` has more than 8 chunks (its chunk map is paged),
@@ -18,7 +20,9 @@ struct IntegrityTests {
         let sb: Sandbox
         var originals: [String: [UInt8]] = [:]
         var inodes: [String: UInt64] = [:]
-        var db: String { sb.container + "/store.db" }
+        /// The store the attacks edit: the directory's store.db, or the container's URI.
+        var store: String { TamperStore.target(sb.container) }
+        var isPostgres: Bool { TestEngine.isURI(sb.container) }
 
         init(_ label: String) throws {
             sb = try Sandbox(label)
@@ -41,14 +45,21 @@ struct IntegrityTests {
             }
         }
 
-        /// Runs a python3 program with `db` (the store) as argv[1] and `extra` after it.
+        /// Runs a python3 program with `db` connected to the store (sqlite3, or psql on the schema:
+        /// TamperStore), the store's path or URI as argv[1] and `extra` after it.
         func edit(_ program: String, _ extra: [String] = []) throws {
-            let r = E2E.py("import sqlite3, sys\ndb = sqlite3.connect(sys.argv[1])\n" + program + "\ndb.commit()\n", [db] + extra)
+            let r = E2E.py(TamperStore.python + "db = connect(sys.argv[1])\n" + program + "\ndb.commit()\n", [store] + extra)
             try #require(r.ok, "the edit failed: \(r)")
         }
 
-        /// A copy of the container as it is now (the attacker's old copy).
+        /// A copy of the container's store as it is now (the attacker's old copy), for `ATTACH DATABASE
+        /// ? AS old` in an edit: a copy of store.db, or of the schema in the same cluster.
         func snapshot() throws -> String {
+            if isPostgres {
+                let old = TamperStore.schema(sb.container) + "_old"
+                try TamperStore.copySchema(from: TamperStore.schema(sb.container), to: old)
+                return old
+            }
             let copy = sb.root + "/old"
             try #require(E2E.run("/bin/cp", ["-a", sb.container, copy]).ok)
             return copy + "/store.db"
@@ -148,12 +159,84 @@ struct IntegrityTests {
     @Test func bitFlipInAnXattrFailsThatAttributeOnly() throws {
         let w = try World("flipxattr")
         defer { w.cleanup() }
-        try w.edit(Self.flipOneBit + "flip('xattrs', '1')")
+        try w.edit(Self.flipOneBit + "flip('xattrs', 'true')")
         try #require(w.sb.mount().ok)
         let get = E2E.sh("getfattr -n user.note '\(w.sb.mnt)/a.txt'")
         #expect(!get.ok && get.stderr.contains("Input/output error"), "\(get)")
         #expect(!get.stdout.contains("secret-note"))
         #expect(E2E.read(w.sb.mnt + "/a.txt") == w.originals["a.txt"], "the file's content is untouched")
+        #expect(w.sb.unmount().ok)
+    }
+
+    /// A PostgreSQL server is live under the mount: it flips a chunk and an inode the mount has not
+    /// read yet. (A directory's store.db is attacked here only while unmounted.)
+    @Test(.enabled(if: TestEngine.isPostgres, "the server edits rows under a live mount"))
+    func bitFlipsUnderALiveMountAreEIO() throws {
+        let w = try World("liveflip")
+        defer { w.cleanup() }
+        let ino = try #require(w.inodes["b.txt"])
+        try #require(w.sb.mount().ok)
+        let pid = E2E.daemonPid(container: w.sb.container)
+        try w.edit(Self.flipOneBit + "flip('chunks', 'file = \(Self.pagedFile) AND idx = 4')")
+        try w.edit(Self.flipOneBit + "flip('inodes', 'id = ?', (\(Int64(bitPattern: ino)),))")
+        w.expect(w.readAll(), damaged: ["paged.bin", "b.txt"])
+        if let pid { #expect(E2E.isAlive(pid), "the daemon died") }
+        #expect(w.sb.unmount().ok)
+    }
+
+    /// A live PostgreSQL server puts back the older version of a chunk the mount has just rewritten
+    /// (and fsynced): never read as the file's bytes.
+    @Test(.enabled(if: TestEngine.isPostgres, "the server edits rows under a live mount"))
+    func olderChunkPutBackUnderALiveMountIsEIO() throws {
+        let w = try World("livereplay")
+        defer { w.cleanup() }
+        let old = try w.snapshot()
+        try #require(w.sb.mount().ok)
+        let pid = E2E.daemonPid(container: w.sb.container)
+        let fresh = E2E.randomBytes(32768)
+        let r = E2E.py(
+            "import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY)\nos.pwrite(fd, bytes.fromhex(sys.argv[2]), 65536)\nos.fsync(fd)\nos.close(fd)",
+            [w.sb.mnt + "/inline.bin", fresh.map { String(format: "%02x", $0) }.joined()])
+        try #require(r.ok, "\(r)")
+        w.originals["inline.bin"]?.replaceSubrange(65536..<98304, with: fresh)
+        try w.edit(
+            """
+            db.execute('ATTACH DATABASE ? AS old', (sys.argv[2],))
+            f = db.execute('SELECT \(Self.inlineFile)').fetchone()[0]
+            v = db.execute('SELECT value FROM old.chunks WHERE file=? AND idx=2', (f,)).fetchone()[0]
+            assert v != db.execute('SELECT value FROM chunks WHERE file=? AND idx=2', (f,)).fetchone()[0], 'the rewrite is not committed'
+            assert db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=2', (v, f)).rowcount == 1
+            """, [old])
+        let result = w.readAll()
+        w.expect(result, damaged: ["inline.bin"])
+        if let pid { #expect(E2E.isAlive(pid), "the daemon died") }
+        #expect(w.sb.unmount().ok)
+    }
+
+    /// The server (or an editor of store.db) drops a whole table: the mount is refused, or the
+    /// table's rows are EIO where they are asked for; every other file and name keeps working.
+    @Test func droppedXattrTableFailsOnlyXattrs() throws {
+        let w = try World("droptable")
+        defer { w.cleanup() }
+        try w.edit(
+            """
+            db.execute('DROP TABLE xattrs')
+            try:
+                db.execute('SELECT count(*) FROM xattrs'); assert False, 'the table is still there'
+            except DatabaseError:
+                pass
+            """)
+        let m = w.sb.mount()
+        try #require(m.ok, "\(m)")
+        let pid = E2E.daemonPid(container: w.sb.container)
+        let get = E2E.sh("getfattr -n user.note '\(w.sb.mnt)/a.txt'")
+        #expect(!get.ok && get.stderr.contains("Input/output error"), "\(get)")
+        w.expect(w.readAll(), damaged: [])
+        let listing = E2E.sh("ls -laR '\(w.sb.mnt)'")
+        #expect(listing.ok, "\(listing)")
+        try E2E.write(w.sb.mnt + "/new.txt", "written after the damage")
+        #expect(E2E.readText(w.sb.mnt + "/new.txt") == "written after the damage")
+        if let pid { #expect(E2E.isAlive(pid), "the daemon died") }
         #expect(w.sb.unmount().ok)
     }
 
@@ -165,8 +248,9 @@ struct IntegrityTests {
             p = db.execute('SELECT \(Self.pagedFile)').fetchone()[0]
             def value(f, i): return db.execute('SELECT value FROM chunks WHERE file=? AND idx=?', (f, i)).fetchone()[0]
             a, b = value(p, 1), value(p, 2)
-            db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=?', (b, p, 1))
-            db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=?', (a, p, 2))
+            assert a != b
+            assert db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=?', (b, p, 1)).rowcount == 1
+            assert db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=?', (a, p, 2)).rowcount == 1
             """)
         w.expect(try w.mountAndRead(), damaged: ["paged.bin"])
         try w.edit(
@@ -175,8 +259,9 @@ struct IntegrityTests {
             q = db.execute('SELECT \(Self.inlineFile)').fetchone()[0]
             x = db.execute('SELECT value FROM chunks WHERE file=? AND idx=3', (p,)).fetchone()[0]
             y = db.execute('SELECT value FROM chunks WHERE file=? AND idx=3', (q,)).fetchone()[0]
-            db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=3', (y, p))
-            db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=3', (x, q))
+            assert x != y
+            assert db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=3', (y, p)).rowcount == 1
+            assert db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=3', (x, q)).rowcount == 1
             """)
         w.expect(try w.mountAndRead(), damaged: ["paged.bin", "inline.bin"])
     }
@@ -206,7 +291,7 @@ struct IntegrityTests {
                 f = db.execute('SELECT \(Self.file(withChunks: chunks))').fetchone()[0]
                 v = db.execute('SELECT value FROM old.chunks WHERE file=? AND idx=2', (f,)).fetchone()[0]
                 assert v != db.execute('SELECT value FROM chunks WHERE file=? AND idx=2', (f,)).fetchone()[0]
-                db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=2', (v, f))
+                assert db.execute('UPDATE chunks SET value=? WHERE file=? AND idx=2', (v, f)).rowcount == 1
                 """, [old])
             _ = name
         }
@@ -217,8 +302,8 @@ struct IntegrityTests {
             """
             db.execute('ATTACH DATABASE ? AS old', (sys.argv[2],))
             f = db.execute('SELECT \(Self.pagedFile)').fetchone()[0]
-            db.execute('DELETE FROM chunks WHERE file=?', (f,))
-            db.execute('INSERT INTO chunks SELECT * FROM old.chunks WHERE file=?', (f,))
+            assert db.execute('DELETE FROM chunks WHERE file=?', (f,)).rowcount == 11
+            assert db.execute('INSERT INTO chunks SELECT * FROM old.chunks WHERE file=?', (f,)).rowcount == 11
             n = db.execute('UPDATE chunkmaps SET value=(SELECT value FROM old.chunkmaps o WHERE o.file=chunkmaps.file AND o.page=chunkmaps.page) WHERE file=?', (f,)).rowcount
             assert n == 1, n
             """, [old])
@@ -239,7 +324,7 @@ struct IntegrityTests {
             """
             db.execute('ATTACH DATABASE ? AS old', (sys.argv[2],))
             f = db.execute('SELECT file FROM old.chunks GROUP BY file HAVING count(*) = 5').fetchone()[0]
-            db.execute('INSERT INTO chunks SELECT * FROM old.chunks WHERE file=? AND idx=2', (f,))
+            assert db.execute('INSERT INTO chunks SELECT * FROM old.chunks WHERE file=? AND idx=2', (f,)).rowcount == 1
             """, [old])
         w.expect(try w.mountAndRead(), damaged: ["inline.bin"])
     }
@@ -269,7 +354,7 @@ struct IntegrityTests {
     @Test func fileCutShortAtAChunkBoundaryIsEIO() throws {
         let w = try World("cut")
         defer { w.cleanup() }
-        try w.edit("db.execute('DELETE FROM chunks WHERE file = \(Self.inlineFile) AND idx >= 3')")
+        try w.edit("assert db.execute('DELETE FROM chunks WHERE file = \(Self.inlineFile) AND idx >= 3').rowcount == 2")
         w.expect(try w.mountAndRead(), damaged: ["inline.bin"])
     }
 
@@ -281,8 +366,9 @@ struct IntegrityTests {
             """
             va = db.execute('SELECT value FROM inodes WHERE id=?', (\(a),)).fetchone()[0]
             vb = db.execute('SELECT value FROM inodes WHERE id=?', (\(b),)).fetchone()[0]
-            db.execute('UPDATE inodes SET value=? WHERE id=?', (vb, \(a)))
-            db.execute('UPDATE inodes SET value=? WHERE id=?', (va, \(b)))
+            assert va != vb
+            assert db.execute('UPDATE inodes SET value=? WHERE id=?', (vb, \(a))).rowcount == 1
+            assert db.execute('UPDATE inodes SET value=? WHERE id=?', (va, \(b))).rowcount == 1
             """)
         w.expect(try w.mountAndRead(), damaged: ["a.txt", "b.txt"])
     }
@@ -296,7 +382,8 @@ struct IntegrityTests {
             d = db.execute('SELECT parent FROM dirents GROUP BY parent HAVING count(*) = 1').fetchone()[0]
             root = db.execute('SELECT parent FROM dirents GROUP BY parent HAVING count(*) > 1').fetchone()[0]
             tag = db.execute('SELECT tag FROM dirents WHERE parent=? LIMIT 1', (root,)).fetchone()[0]
-            db.execute('UPDATE dirents SET parent=? WHERE parent=? AND tag=?', (d, root, tag))
+            assert d != root
+            assert db.execute('UPDATE dirents SET parent=? WHERE parent=? AND tag=?', (d, root, tag)).rowcount == 1
             """)
         let result = try w.mountAndRead()
         // The moved name is gone from the root (its row is elsewhere) and does not open in d/. If
@@ -321,7 +408,8 @@ struct IntegrityTests {
             """
             root = db.execute('SELECT parent FROM dirents GROUP BY parent HAVING count(*) > 1').fetchone()[0]
             rows = db.execute('SELECT tag, value FROM dirents WHERE parent=? LIMIT 2', (root,)).fetchall()
-            db.execute('UPDATE dirents SET value=? WHERE parent=? AND tag=?', (rows[1][1], root, rows[0][0]))
+            assert len(rows) == 2 and rows[0][1] != rows[1][1]
+            assert db.execute('UPDATE dirents SET value=? WHERE parent=? AND tag=?', (rows[1][1], root, rows[0][0])).rowcount == 1
             """)
         let result = try w.mountAndRead()
         let failed = result.filter { $0.value != "ok" }
@@ -333,10 +421,24 @@ struct IntegrityTests {
     @Test func storeOfAnotherContainerIsRefused() throws {
         let w = try World("foreign")
         defer { w.cleanup() }
-        let other = w.sb.root + "/other"
+        let other = w.isPostgres ? try TestEngine.freshURI() : w.sb.root + "/other"
         let i = w.sb.initContainer(container: other)
         try #require(i.ok, "\(i)")
-        try #require(E2E.run("/bin/cp", [other + "/store.db", w.db]).ok)
+        if w.isPostgres {
+            // The server serves the other container's rows under our schema, our header kept (as
+            // store.db is replaced beside our coffer.json).
+            try w.edit(
+                """
+                db.execute('ATTACH DATABASE ? AS other', (sys.argv[2],))
+                for t in ['meta', 'kinds', 'inodes', 'dirents', 'chunks', 'xattrs', 'orphans', 'chunkmaps']:
+                    db.execute('DELETE FROM %s' % t)
+                    db.execute('INSERT INTO %s SELECT * FROM other.%s' % (t, t))
+                theirs = db.execute("SELECT value FROM meta WHERE name = 'container'").fetchone()
+                assert theirs and theirs == db.execute("SELECT value FROM other.meta WHERE name = 'container'").fetchone()
+                """, [TamperStore.schema(other)])
+        } else {
+            try #require(E2E.run("/bin/cp", [other + "/store.db", w.store]).ok)
+        }
         let m = w.sb.mount()
         #expect(m.status == 13, "\(m)")
         #expect(m.stderr.contains("another container"), "\(m)")
@@ -346,17 +448,28 @@ struct IntegrityTests {
     @Test func keySlotCopiedFromAnotherContainerIsRefused() throws {
         let w = try World("slotcopy")
         defer { w.cleanup() }
-        let other = w.sb.root + "/other"
+        let other = w.isPostgres ? try TestEngine.freshURI() : w.sb.root + "/other"
         try #require(w.sb.initContainer(container: other).ok)
         // The attacker knows the other container's password (the same pass file here) and puts its
         // slot into ours: the slot is bound to its own container id, and the header MAC to our key.
-        try w.edit(
-            """
-            import json
-            mine = json.load(open(sys.argv[2])); theirs = json.load(open(sys.argv[3]))
-            mine['slots'] = theirs['slots'] + mine['slots'][1:]
-            json.dump(mine, open(sys.argv[2], 'w'), indent=2)
-            """, [w.sb.container + "/coffer.json", other + "/coffer.json"])
+        if w.isPostgres {
+            try w.edit(
+                """
+                db.execute('ATTACH DATABASE ? AS other', (sys.argv[2],))
+                mine = json.loads(db.execute('SELECT value FROM header').fetchone()[0])
+                theirs = json.loads(db.execute('SELECT value FROM other.header').fetchone()[0])
+                assert mine['slots'] != theirs['slots']
+                mine['slots'] = theirs['slots'] + mine['slots'][1:]
+                assert db.execute('UPDATE header SET value = ?', (json.dumps(mine, indent=2).encode(),)).rowcount == 1
+                """, [TamperStore.schema(other)])
+        } else {
+            try w.edit(
+                """
+                mine = json.load(open(sys.argv[2])); theirs = json.load(open(sys.argv[3]))
+                mine['slots'] = theirs['slots'] + mine['slots'][1:]
+                json.dump(mine, open(sys.argv[2], 'w'), indent=2)
+                """, [w.sb.container + "/coffer.json", other + "/coffer.json"])
+        }
         let m = w.sb.mount()
         #expect(m.status == 11 || m.status == 12, "\(m)")
         #expect(!E2E.isMounted(w.sb.mnt))
