@@ -443,13 +443,15 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         try meta.withLock { () throws(FSError) in try commitLocked(durable: durable) }
     }
 
-    /// The server lost commits that were not durable yet (it crashed): every file written since this
-    /// mount's last durable commit reports EIO at its next fsync, as a disk's lost write-back does.
+    /// The server lost commits that were not durable yet (it crashed), or may have (this mount
+    /// reconnected to it since): every file written since this mount's last durable commit reports EIO
+    /// at its next fsync, as a disk's lost write-back does.
     /// Heard during a group begin (the writer held, maybe `meta` too): marked here, applied by
     /// `applyLostCommits` under `meta`.
     func lostCommits() {
         logger.error(
-            "the server lost commits that were not durable yet (it crashed): files changed since the last fsync report EIO at their next fsync")
+            "the server lost commits that were not durable yet, or may have (it crashed or restarted): "
+                + "files changed since the last fsync report EIO at their next fsync")
         pendingLostCommits.store(true, ordering: .releasing)
         // What is cached may name what the server no longer has (a file created in a lost commit): it is
         // all read again, as after a dropped group, before the next use (`state`), so nothing lost is

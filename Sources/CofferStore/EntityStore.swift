@@ -174,7 +174,9 @@ public final class EntityStore: @unchecked Sendable {
     public func shareWithOtherMounts(floor: UInt64) {
         durableFloor.withLock { $0 = max($0, floor) }
         guard let backend = backend as? CoherentBackend else { return }
-        backend.onGroupBegin = { [weak self] sealed throws(StoreError) in try self?.observe(sealed) }
+        backend.onGroupBegin = { [weak self] sealed, reconnected throws(StoreError) in
+            try self?.observe(sealed, reconnected: reconnected)
+        }
         backend.listen { [weak self] in self?.onForeignChange?() }
     }
 
@@ -213,7 +215,7 @@ public final class EntityStore: @unchecked Sendable {
     /// commit did not land). A look taken outside the lock (`catchUp`) may be older than one taken
     /// since, and only raises it.
     @discardableResult
-    func observe(_ sealed: [UInt8]?, atGroupBegin: Bool = true) throws(StoreError) -> Bool {
+    func observe(_ sealed: [UInt8]?, atGroupBegin: Bool = true, reconnected: Bool = false) throws(StoreError) -> Bool {
         guard let sealed else { throw .notAStore("no store state") }
         let record = try sealer.open(StoreStateTransformer(), sealed, id: Self.stateId, cipher: keys.metadata, describe: "store state")
         guard constantTimeEqual(record.containerId, keys.containerId) else { throw .wrongContainer }
@@ -228,7 +230,10 @@ public final class EntityStore: @unchecked Sendable {
         }
         let (changed, lost) = committedGeneration.withLock { g -> (Bool, Bool) in
             guard atGroupBegin || record.generation > g else { return (false, false) }
-            let lost = record.generation < g && !(uncertain == g && record.generation == g - 1)
+            // After a reconnect the generation alone cannot tell: other mounts may have committed past
+            // commits of this one that a crash lost. Those that were durable are not reported (the
+            // layers above mark only what changed since the last durable commit).
+            let lost = reconnected || (record.generation < g && !(uncertain == g && record.generation == g - 1))
             defer { g = record.generation }
             return (record.generation != g, lost)
         }

@@ -4,8 +4,11 @@
 /// one more than the last; every commit is announced to the other mounts.
 public protocol CoherentBackend: StoreBackend {
     /// Called at the start of every group transaction with the sealed state read under the writer
-    /// lock (nil when the row is missing). A throw ends the group before anything is written.
-    var onGroupBegin: ((_ sealedState: [UInt8]?) throws(StoreError) -> Void)? { get set }
+    /// lock (nil when the row is missing), and whether the engine reconnected to the server since the
+    /// last group began: the server may then have crashed and lost this mount's commits that were not
+    /// durable yet, even where other mounts' commits have since carried the generation past them.
+    /// A throw ends the group before anything is written.
+    var onGroupBegin: ((_ sealedState: [UInt8]?, _ reconnected: Bool) throws(StoreError) -> Void)? { get set }
     /// Begins the group transaction now, if none is open: decisions made after this see every
     /// other mount's commits and no other mount commits until this group does.
     func beginGroup() throws(StoreError)

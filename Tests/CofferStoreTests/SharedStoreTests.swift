@@ -45,6 +45,44 @@ struct SharedStoreTests {
         #expect(!(try a.catchUp()), "nothing changed since")
     }
 
+    /// A mount whose writer had to reconnect cannot tell from the generation whether the server lost
+    /// its commits that were not durable: another mount may have committed past them meanwhile (seen
+    /// as a synced file lost in SharedMountTests' restart test). Its next group reports them as
+    /// possibly lost all the same; a group without a reconnect does not.
+    @Test func aReconnectReportsCommitsThatMayBeLostEvenBehindAnotherMounts() throws {
+        let made = try TestStore.create(.postgres, in: "")
+        let location = try #require(made.location)
+        let a = try mountLike(made), b = try mountLike(made)
+        defer {
+            a.close()
+            b.close()
+        }
+        let lost = Mutex(0)
+        a.onLostCommits = { lost.withLock { $0 += 1 } }
+        try a.beginGroup()
+        try a.putInode(60, sampleInode(size: 60))
+        try a.commit(durable: false)
+        _ = try a.catchUp()  // each writer's last query names the container: theirs are the sessions cut below
+        _ = try b.catchUp()
+        let killed = try TestPostgres.cluster().psql(
+            """
+            SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+            WHERE pid <> pg_backend_pid() AND state = 'idle' AND query LIKE '%"\(location.container)"%'
+            """)
+        #expect((Int(killed.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) >= 2, "both writers cut: \(killed)")
+        try b.beginGroup()
+        try b.putInode(61, sampleInode(size: 61))
+        try b.commit(durable: false)
+        #expect(b.generation > a.generation, "b committed past a's last commit")
+        #expect(lost.withLock { $0 } == 0)
+        try a.beginGroup()
+        #expect(lost.withLock { $0 } == 1, "a reconnected: its commits since the last durable one may be gone")
+        try a.commit(durable: false)
+        try a.beginGroup()
+        try a.commit(durable: false)
+        #expect(lost.withLock { $0 } == 1, "no reconnect, nothing more reported")
+    }
+
     /// A state row below what this machine saw durable, served while mounted: every group begin and
     /// every check refuses it, and nothing is written over it.
     @Test func aStateBelowTheDurableFloorIsRefused() throws {

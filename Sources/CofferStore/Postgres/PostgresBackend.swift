@@ -31,7 +31,9 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// Several mounts may share the container (set for mounts and fsck's repair, before the first
     /// write): groups begin with the writer lock and the state (`onGroupBegin`), commits are announced.
     public var coherent = false
-    public var onGroupBegin: (([UInt8]?) throws(StoreError) -> Void)?
+    public var onGroupBegin: (([UInt8]?, Bool) throws(StoreError) -> Void)?
+    /// The writer reconnected since the last group began (`onGroupBegin`).
+    let reconnected = Atomic<Bool>(false)
     /// Whether no other mount held a lease at the last group begin (`CoherentBackend.isAlone`).
     let alone = Atomic<Bool>(false)
     public var isAlone: Bool { alone.load(ordering: .acquiring) }

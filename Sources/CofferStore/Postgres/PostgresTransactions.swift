@@ -102,7 +102,7 @@ extension PostgresBackend {
         // Alone: this mount's lease is the only live one (a store without a lease never is).
         alone.store(fenceHolder != nil && mounts <= 1, ordering: .releasing)
         pending.withLock { $0.since = .now }
-        do { try onGroupBegin?(state) } catch {
+        do { try onGroupBegin?(state, reconnected.exchange(false, ordering: .acquiringAndReleasing)) } catch {
             _ = try? writer.execute("ROLLBACK")
             pending.withLock { $0.clear() }
             throw error
@@ -227,6 +227,7 @@ extension PostgresBackend {
 
     private func reconnect() throws(StoreError) {
         do { try writer.reconnect(within: reconnectWait) } catch { throw StoreError.postgres(error) }
+        reconnected.store(true, ordering: .releasing)
         try setUpSession()
     }
 }
