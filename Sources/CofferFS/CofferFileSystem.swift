@@ -450,8 +450,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// `applyLostCommits` under `meta`.
     func lostCommits() {
         logger.error(
-            "the server lost commits that were not durable yet, or may have (it crashed or restarted): "
-                + "files changed since the last fsync report EIO at their next fsync")
+            """
+            the server lost commits that were not durable yet, or may have (it crashed or restarted): \
+            files changed since the last fsync report EIO at their next fsync
+            """)
         pendingLostCommits.store(true, ordering: .releasing)
         // What is cached may name what the server no longer has (a file created in a lost commit): it is
         // all read again, as after a dropped group, before the next use (`state`), so nothing lost is
