@@ -239,7 +239,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             return options.coherent && s.epoch != epoch && Self.isRefreshable(s) && !s.goneElsewhere
         }
         guard wanted.count > 1, let records = try? store.inodes(wanted) else { return }
-        for (ino, record) in records {
+        for ino in wanted {  // what was asked for only: a server's extra rows must not touch other states
+            guard let record = records[ino] else { continue }
             if let s = inodes[ino] {
                 try? adopt(record, into: s, epoch: epoch)
             } else {

@@ -212,7 +212,8 @@ public final class EntityStore: @unchecked Sendable {
     /// changed under it (`onForeignChange`). Only a state read at a group begin, under the writer lock,
     /// can lower the generation: below this mount's last commit, the server lost commits that were not
     /// durable yet (`onLostCommits`), unless it is the one below a COMMIT whose answer was lost (that
-    /// commit did not land). A look taken outside the lock (`catchUp`) may be older than one taken
+    /// commit did not land). With `reconnected` (the engine reconnected since the last group), those
+    /// commits are reported as possibly lost whatever the generation: others may have committed past them. A look taken outside the lock (`catchUp`) may be older than one taken
     /// since, and only raises it.
     @discardableResult
     func observe(_ sealed: [UInt8]?, atGroupBegin: Bool = true, reconnected: Bool = false) throws(StoreError) -> Bool {

@@ -211,7 +211,6 @@ public final class PGConnection: @unchecked Sendable {
     public func pipeline(_ statements: [PGStatement]) throws(PGError) -> [PGResult] {
         let skip = ahead.count
         let statements = ahead + statements
-        ahead = []
         guard !statements.isEmpty else { return [] }
         let c = try connected()
         guard PQpipelineStatus(c) == PQ_PIPELINE_OFF else { throw PGError(.usage, "a pipeline is already running") }
@@ -220,6 +219,7 @@ public final class PGConnection: @unchecked Sendable {
             if s.prepared { _ = try prepare(s.sql, try PGParameterArrays(s.params), c) }  // before the batch: once per session
         }
         guard PQenterPipelineMode(c) == 1 else { throw connectionError(c) }
+        ahead = []  // from here on sent, or the connection is given up
         // In blocking mode libpq reads pending answers while a send would block, so a large batch
         // cannot deadlock against a server waiting for us to read.
         for s in statements {  // libpq copies each statement into its buffer: one value copy alive at a time

@@ -45,10 +45,11 @@ extension PostgresBackend {
         guard !ids.isEmpty else { return [:] }
         return try read { c in
             let r = try c.execute(sql.inodesAmong, [.int8Array(ids.map { Int64(bitPattern: $0) })], prepared: true)
+            let asked = Set(ids)
             var out: [UInt64: [UInt8]] = [:]
             for i in 0..<r.rowCount {
-                guard let id = try r.int64(i, 0), let value = try r.bytes(i, 1) else { continue }
-                out[UInt64(bitPattern: id)] = value
+                guard let id = try r.int64(i, 0).map({ UInt64(bitPattern: $0) }), asked.contains(id), let value = try r.bytes(i, 1) else { continue }
+                out[id] = value
             }
             return out
         }

@@ -102,7 +102,9 @@ extension PostgresBackend {
         // Alone: this mount's lease is the only live one (a store without a lease never is).
         alone.store(fenceHolder != nil && mounts <= 1, ordering: .releasing)
         pending.withLock { $0.since = .now }
-        do { try onGroupBegin?(state, reconnected.exchange(false, ordering: .acquiringAndReleasing)) } catch {
+        let reconnectedSince = reconnected.exchange(false, ordering: .acquiringAndReleasing)
+        do { try onGroupBegin?(state, reconnectedSince) } catch {
+            if reconnectedSince { reconnected.store(true, ordering: .releasing) }  // still to be reported
             _ = try? writer.execute("ROLLBACK")
             pending.withLock { $0.clear() }
             throw error
