@@ -213,8 +213,9 @@ public final class EntityStore: @unchecked Sendable {
     /// can lower the generation: below this mount's last commit, the server lost commits that were not
     /// durable yet (`onLostCommits`), unless it is the one below a COMMIT whose answer was lost (that
     /// commit did not land). With `reconnected` (the engine reconnected since the last group), those
-    /// commits are reported as possibly lost whatever the generation: others may have committed past them. A look taken outside the lock (`catchUp`) may be older than one taken
-    /// since, and only raises it.
+    /// commits are reported as possibly lost whatever the generation: others may have committed past
+    /// them. A look taken outside the lock (`catchUp`) may be older than one taken since, and only
+    /// raises it.
     @discardableResult
     func observe(_ sealed: [UInt8]?, atGroupBegin: Bool = true, reconnected: Bool = false) throws(StoreError) -> Bool {
         guard let sealed else { throw .notAStore("no store state") }
