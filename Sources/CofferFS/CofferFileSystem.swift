@@ -24,11 +24,16 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         public var commitInterval: Duration = .seconds(1)
         /// ... or once this many bytes are waiting.
         public var commitVolume = 16 << 20
-        /// A coherent mount beside others commits what is left open (reaping, forgets) this soon.
+        /// A coherent mount beside others commits its open group this soon (other mounts' listings
+        /// show its changes once committed).
         public var sharedCommitInterval: Duration = .milliseconds(50)
+        /// ... and once another mount asks for the writer lock, as soon as the group is this old: a
+        /// busy mount does this much work per turn of the lock, the others wait at most this long.
+        public var writerSlice: Duration = .milliseconds(10)
         /// One of several mounts of a shared container (PostgreSQL): records are read again once the
-        /// store changed under this mount (`storeEpoch`), and `SharedMount` runs each change as a group
-        /// of its own. Set with `store.shareWithOtherMounts` done before.
+        /// store changed under this mount (`storeEpoch`), and `SharedMount` runs each change inside
+        /// the group transaction that holds the container's writer lock. Set with
+        /// `store.shareWithOtherMounts` done before.
         public var coherent = false
         /// Remove what a crashed session left unlinked but open (false while other mounts may hold such files).
         public var removesOrphans = true
@@ -66,6 +71,11 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     private let rolledBack = Mutex<FSError?>(nil)
     private var stopped = false
     private var committer: Thread?
+    /// Wakes the committer before its pause ends (another mount asks for the writer lock).
+    private let wakeCommitter = DispatchSemaphore(value: 0)
+    /// Coherent mounts: held for a whole change (`SharedMount.change`) and by the committer's commits,
+    /// so a group never ends between a change's decisions and its writes.
+    let groupGate = Lock()
 
     public var cacheTimeouts: CacheTimeouts { options.cacheTimeouts }
     public var isReadOnly: Bool { options.readOnly }
@@ -93,6 +103,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         if options.coherent {
             store.onForeignChange = { [weak self] in self?.storeEpoch.add(1, ordering: .acquiringAndReleasing) }
             store.onLostCommits = { [weak self] in self?.lostCommits() }
+            store.onOthersWaiting = { [weak self] in self?.wakeCommitter.signal() }
         }
         if !options.readOnly && options.removesOrphans { try removeOrphans() }
     }
@@ -104,9 +115,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         meta.withLock { reapsWhenQuiet = true }
         let thread = Thread { [weak self] in
             while let fs = self, !fs.meta.withLock({ fs.stopped }) {
-                Thread.sleep(forTimeInterval: fs.meta.withLock({ fs.dying.isEmpty }) ? 0.2 : 0.02)
+                _ = fs.wakeCommitter.wait(timeout: .now() + fs.committerPause())
                 fs.reapIfQuiet()
-                do { try fs.commitIfDue() } catch { fs.logger.error("group commit failed: \(error)") }
+                do { try fs.commitIfDueOutsideChanges() } catch { fs.logger.error("group commit failed: \(error)") }
                 fs.shrinkIfQuiet()
             }
         }
@@ -389,14 +400,31 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         try meta.withLock { () throws(FSError) in try commitLocked(durable: true) }
     }
 
-    /// Commits (changed records first) once the open transaction is old or large enough. Atomic,
-    /// not synced: durability is what fsync asks for, and it syncs every commit before it.
+    /// Commits (changed records first) once the open transaction is old or large enough, or, on a
+    /// coherent mount, once another mount waits for the writer lock and the group had its slice.
+    /// Atomic, not synced: durability is what fsync asks for, and it syncs every commit before it.
     func commitIfDue() throws(FSError) {
-        // A coherent mount beside others commits its leftovers (a reaper's, a forget's) within the short interval.
+        guard !options.readOnly else { return }
+        // Beside others a group is committed soon, so that their listings show its changes.
         let interval = options.coherent && !store.isAlone ? options.sharedCommitInterval : options.commitInterval
-        guard !options.readOnly, store.isCommitDue(age: interval, volume: options.commitVolume) else { return }
+        let yields = options.coherent && store.othersWaiting && store.isCommitDue(age: options.writerSlice, volume: .max)
+        guard yields || store.isCommitDue(age: interval, volume: options.commitVolume) else { return }
         awaitForgetsOnAFullDisk()
         try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
+    }
+
+    /// `commitIfDue` for callers outside a change (the committer, a forget): on a coherent mount it
+    /// waits for the change under way, if any (`groupGate`).
+    func commitIfDueOutsideChanges() throws(FSError) {
+        guard options.coherent else { return try commitIfDue() }
+        try groupGate.withLock { () throws(FSError) in try commitIfDue() }
+    }
+
+    /// How long the committer sleeps: a group open on a coherent mount is looked at often (its
+    /// interval is short, and a waiting mount's slice shorter), reaping goes on in small steps.
+    private func committerPause() -> Double {
+        if options.coherent && store.hasPendingChanges { return store.othersWaiting ? 0.002 : 0.01 }
+        return meta.withLock({ dying.isEmpty }) ? 0.2 : 0.02
     }
 
     /// While nothing is written and no removed file waits for its rows to go, gives free pages back

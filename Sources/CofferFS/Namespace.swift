@@ -41,7 +41,7 @@ extension CofferFileSystem {
         // Short of space, `rm` frees it here, at the forget: the deletes commit in pieces
         // (EntityStore.isCommitDue) before new writes need the room. A failure is the next
         // writer's to see.
-        if removed { try? commitIfDue() }
+        if removed { try? commitIfDueOutsideChanges() }
     }
 
     /// The inode a name points to (call under meta).

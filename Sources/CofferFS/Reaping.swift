@@ -53,7 +53,7 @@ extension CofferFileSystem {
         defer { quietMark = seen }
         guard seen == quietMark else { return }
         while forgetsSeen.load(ordering: .relaxed) == seen, reapSome() > 0 {
-            do { try commitIfDue() } catch { logger.error("group commit failed: \(error)") }
+            do { try commitIfDueOutsideChanges() } catch { logger.error("group commit failed: \(error)") }
         }
     }
 

@@ -6,16 +6,18 @@ import Logging
 /// "Several mounts at once"). It wraps a `CofferFileSystem` opened `coherent` and adds what sharing
 /// needs, so that a mount alone on its disk keeps every shortcut of the single-mount design:
 ///
-/// - Each change (a namespace operation, a write, setattr, xattrs, fallocate) is a group transaction
-///   of its own: begun with the container's writer lock, so it is decided on the committed state of
-///   every mount (two creates of one name: one EEXIST; rmdir of a directory just filled: ENOTEMPTY),
-///   and committed at its end (not durably: fsync is), so the lock is never held between requests and
-///   the other mounts see it at once. A mount alone on the container (no other lease when its group
-///   began) lets the group run on for up to a second, as a mount of its own does; a mount that comes
-///   waits for that group first (`EntityStore.awaitOtherGroups`).
+/// - Every change (a namespace operation, a write, setattr, xattrs, fallocate) runs inside the group
+///   transaction that holds the container's writer lock, so it is decided on the committed state of
+///   every mount (two creates of one name: one EEXIST; rmdir of a directory just filled: ENOTEMPTY).
+///   The group spans changes, as on a mount of its own, and ends (commits, not durably: fsync does)
+///   after `sharedCommitInterval` (a second when no other mount is there), or sooner when another
+///   mount asks for the lock, once this one had its `writerSlice`: a busy mount beside idle ones
+///   keeps its speed, and busy mounts take turns a slice at a time.
 /// - Records read before another mount's commit are read again before use (`CofferFileSystem.state`).
-/// - Close-to-open: every OPEN asks the server for its state first, and a file changed elsewhere
-///   since the kernel last saw it is opened with the kernel's pages and attributes dropped.
+/// - Close-to-open: every OPEN (and OPENDIR, and a lookup that finds nothing) first waits for a
+///   group open on another mount, which is asked to end (`EntityStore.catchUp`), and reads the
+///   server's state; a file changed elsewhere since the kernel last saw it is opened with the
+///   kernel's pages and attributes dropped.
 /// - A read whose chunks changed under it (a commit between the map and the rows) reads again.
 /// - The kernel keeps entries and attributes 1 s and no negative entries: the bound on how late
 ///   another mount's changes show in `ls` and `stat` (docs; README "Several machines").
@@ -23,8 +25,6 @@ import Logging
 ///   mount sees them (`sharesLocks`); without, they stay the kernel's, per mount.
 public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public let fs: CofferFileSystem
-    /// One change at a time on this mount: its group is the one open transaction of the store.
-    private let changes = Lock()
     private let locks: PostgresLocks?
     /// What this mount holds in the lock table (only this mount adds rows under its holder id): a close
     /// or release with nothing here costs no round trip. Under `lockBook`.
@@ -48,21 +48,22 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     /// OPEN must reach us (close-to-open), and the kernel must not keep listings (opendir answered).
     public var opensWithoutHandles: Bool { false }
 
-    /// Runs one change as a group of its own (see above); `durable` for fsync.
+    /// Runs one change inside the group that holds the writer lock (see above), one change at a time
+    /// on this mount; `durable` (fsync) commits and waits for the server's disk.
     func change<T>(durable: Bool = false, _ body: () throws(FSError) -> T) throws(FSError) -> T {
         try fs.checkWritable()
-        return try changes.withLock { () throws(FSError) -> T in
+        return try fs.groupGate.withLock { () throws(FSError) -> T in
             try fs.beginGroup()
-            let result: T
-            do throws(FSError) { result = try body() } catch {
-                try? fs.commitGroup(durable: false)  // what the failed change did write (nothing, usually) goes as one
-                throw error
-            }
-            // Alone on the container (no other lease when the group began): the group goes on, and the
-            // committer commits it at the interval, as a mount of its own does.
-            if durable || !fs.store.isAlone { try fs.commitGroup(durable: durable) }
+            let result = try body()
+            if durable { try fs.commitGroup(durable: true) } else { try fs.commitIfDue() }
             return result
         }
+    }
+
+    /// Waits for a group open on another mount and reads the state it left (close-to-open); a group
+    /// of this mount's own already sees everything.
+    private func awaitOthers() throws(FSError) {
+        do { try fs.store.catchUp() } catch { throw fs.fsError(error) }
     }
 
     /// Reads again when the chunks changed under the read (another mount committed between the file's
@@ -93,7 +94,16 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     // MARK: Names
 
-    public func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes { try fs.lookup(parent: parent, name: name) }
+    /// A name not found may be one another mount just made and closed, still in its open group: that
+    /// group is waited for, and the name looked up again if the store changed meanwhile.
+    public func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes {
+        let epoch = fs.storeEpoch.load(ordering: .acquiring)
+        do { return try fs.lookup(parent: parent, name: name) } catch  where error == .notFound {
+            try awaitOthers()
+            guard fs.storeEpoch.load(ordering: .acquiring) != epoch else { throw error }
+            return try fs.lookup(parent: parent, name: name)
+        }
+    }
     public func forget(_ ino: InodeNumber, lookups: UInt64) { fs.forget(ino, lookups: lookups) }
     public func getattr(_ ino: InodeNumber) throws(FSError) -> Attributes { try fs.getattr(ino) }
     public func setattr(_ ino: InodeNumber, changes: AttributeChanges, handle: HandleID?, caller: Caller) throws(FSError) -> Attributes {
@@ -127,7 +137,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     /// Close-to-open: the server's state first (one round trip), then the file as it is now.
     public func open(_ ino: InodeNumber, flags: Int32, caller: Caller) throws(FSError) -> OpenResult {
-        do { try fs.store.catchUp() } catch { throw fs.fsError(error) }
+        try awaitOthers()
         if flags & O_TRUNC != 0 && !isReadOnly {
             return handed(try change { () throws(FSError) in try fs.open(ino, flags: flags, caller: caller) })
         }
@@ -172,7 +182,11 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     // MARK: Directories
 
-    public func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID { try fs.opendir(ino, caller: caller) }
+    /// Close-to-open for listings too: what another mount did before this opendir is listed.
+    public func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID {
+        try awaitOthers()
+        return try fs.opendir(ino, caller: caller)
+    }
     public func readdir(_ ino: InodeNumber, handle: HandleID, offset: Int64, limit: Int, plus: Bool) throws(FSError) -> [DirectoryEntry] {
         try fs.readdir(ino, handle: handle, offset: offset, limit: limit, plus: plus)
     }

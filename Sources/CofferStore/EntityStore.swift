@@ -177,8 +177,15 @@ public final class EntityStore: @unchecked Sendable {
         backend.onGroupBegin = { [weak self] sealed, reconnected throws(StoreError) in
             try self?.observe(sealed, reconnected: reconnected)
         }
-        backend.listen { [weak self] in self?.onForeignChange?() }
+        backend.listen(heard: { [weak self] in self?.onForeignChange?() }, wanted: { [weak self] in self?.onOthersWaiting?() })
     }
+
+    /// Called (on the engine's thread) when another mount asks for the writer lock.
+    public var onOthersWaiting: (@Sendable () -> Void)?
+
+    /// Another mount waits for the writer lock: the open group should end after its slice (always
+    /// false on an engine without several mounts).
+    public var othersWaiting: Bool { (backend as? CoherentBackend)?.othersWaiting ?? false }
 
     /// Begins a group transaction now (the writer lock held, every other mount's commits seen), so
     /// that what the caller decides next is decided on the committed state. Nothing on other engines.

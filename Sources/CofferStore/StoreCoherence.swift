@@ -10,17 +10,25 @@ public protocol CoherentBackend: StoreBackend {
     /// A throw ends the group before anything is written.
     var onGroupBegin: ((_ sealedState: [UInt8]?, _ reconnected: Bool) throws(StoreError) -> Void)? { get set }
     /// Begins the group transaction now, if none is open: decisions made after this see every
-    /// other mount's commits and no other mount commits until this group does.
+    /// other mount's commits and no other mount commits until this group does. When another mount
+    /// holds the lock, it is asked (a notification) to end its group, then waited for.
     func beginGroup() throws(StoreError)
-    /// The sealed state as committed on the server now (one round trip, outside any transaction);
-    /// nil when a group of this mount is open (nobody else can have committed since it began).
+    /// The sealed state as committed on the server once no other mount has a group open (close-to-
+    /// open: what another mount closed may still be in its open group, which is asked to end, then
+    /// waited for); one round trip when none is. Nil when a group of this mount is open (nobody
+    /// else can have committed since it began).
     func committedState() throws(StoreError) -> [UInt8]?
     /// No other mount held a lease when the open (or last) group began: this mount's groups may then
-    /// span several changes, as a mount of its own does. A new mount first waits for every group open
-    /// elsewhere (`beginGroup` then a commit that wrote nothing), so a group begun alone ends before
-    /// the new mount reads anything (docs/FORMAT.md, "Several mounts at once").
+    /// stay open as long as a mount of its own keeps them (beside others they end sooner, so that
+    /// listings elsewhere show the changes soon). A new mount first waits for every group open
+    /// elsewhere (`beginGroup` then a commit that wrote nothing).
     var isAlone: Bool { get }
-    /// Starts hearing other mounts' commits: `heard` is called (on a thread of the engine's) for
-    /// each, and after a lost connection, when some may have gone unheard.
-    func listen(_ heard: @escaping @Sendable () -> Void)
+    /// Another mount waits for the writer lock (it asked since this mount's last commit): a group open
+    /// here should end soon. Groups span several changes, on any number of mounts; this is what keeps
+    /// one from holding the others up for longer than a short slice.
+    var othersWaiting: Bool { get }
+    /// Starts hearing the other mounts (on a thread of the engine's): `heard` for each of their
+    /// commits, and after a lost connection, when some may have gone unheard; `wanted` when one asks
+    /// for the writer lock.
+    func listen(heard: @escaping @Sendable () -> Void, wanted: @escaping @Sendable () -> Void)
 }

@@ -12,11 +12,59 @@ import Testing
 @Suite("Several stores on one PostgreSQL container")
 struct SharedStoreTests {
     /// Opens a store as a mount does: coherent, sharing with others, a durable floor.
-    private func mountLike(_ made: TestStore, floor: UInt64 = 0) throws -> EntityStore {
+    private func mountLike(_ made: TestStore, floor: UInt64 = 0, holder: String? = nil) throws -> EntityStore {
         let store = try made.open()
-        try #require(store.backend as? PostgresBackend).coherent = true
+        let backend = try #require(store.backend as? PostgresBackend)
+        backend.coherent = true
+        backend.fenceHolder = holder
         store.shareWithOtherMounts(floor: floor)
         return store
+    }
+
+    /// Groups span changes, so a mount that needs the writer lock asks its holder to end its group (a
+    /// notification), then waits: to write (`beginGroup`) or, at an open, for what the holder closed
+    /// (`catchUp`, the lock taken shared). Until the holder commits, neither goes on.
+    @Test func aMountWaitingForTheWriterLockAsksItsHolder() throws {
+        let made = try TestStore.create(.postgres, in: "")
+        let location = try #require(made.location)
+        let leaseA = try PostgresLease.take(location, purpose: "mount", machine: "ask-a")
+        let leaseB = try PostgresLease.take(location, purpose: "mount", machine: "ask-b")
+        defer {
+            leaseA.release()
+            leaseB.release()
+        }
+        let a = try mountLike(made, holder: leaseA.me.holder), b = try mountLike(made, holder: leaseB.me.holder)
+        defer {
+            a.close()
+            b.close()
+        }
+        let asked = Mutex(0)
+        a.onOthersWaiting = { asked.withLock { $0 += 1 } }
+        for (round, writes) in [(0, false), (1, true)] {
+            let ino = UInt64(60 + round)
+            try a.beginGroup()
+            try a.putInode(ino, sampleInode(size: ino))
+            #expect(!a.othersWaiting, "round \(round): nobody asked yet")
+            let done = Mutex(false)
+            let failure = Mutex<(any Error)?>(nil)
+            let waiter = Thread {
+                do {
+                    if writes { try b.beginGroup() } else { try b.catchUp() }
+                } catch { failure.withLock { $0 = error } }
+                done.withLock { $0 = true }
+            }
+            waiter.start()
+            #expect(TestWait.until(5) { a.othersWaiting }, "round \(round): the holder heard the request")
+            usleep(200_000)
+            #expect(!done.withLock { $0 }, "round \(round): the waiter waits while the group is open")
+            try a.commit(durable: false)
+            #expect(!a.othersWaiting, "round \(round): the request ends with the group")
+            #expect(TestWait.until(5) { done.withLock { $0 } }, "round \(round): the waiter goes on after the commit")
+            #expect(failure.withLock { $0 } == nil)
+            #expect(try b.inode(ino)?.size == ino, "round \(round): and sees what was committed")
+            if writes { try b.commit(durable: false) }
+        }
+        #expect(asked.withLock { $0 } >= 2)
     }
 
     @Test func groupsSeeEachOtherAndGenerationsGrowByOne() throws {
@@ -106,5 +154,17 @@ struct SharedStoreTests {
         let stored = try TestPostgres.cluster().psql("SELECT encode(value, 'hex') FROM \(q).meta WHERE name = 'state'")
         #expect(stored == old, "nothing was written over the old state")
         #expect(try a.inode(51)?.size == 51)
+    }
+}
+
+/// Polls `condition` every 10 ms for up to `seconds`.
+private enum TestWait {
+    static func until(_ seconds: Double, _ condition: () -> Bool) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if condition() { return true }
+            usleep(10_000)
+        }
+        return condition()
     }
 }

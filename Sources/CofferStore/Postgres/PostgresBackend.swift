@@ -37,6 +37,9 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// Whether no other mount held a lease at the last group begin (`CoherentBackend.isAlone`).
     let alone = Atomic<Bool>(false)
     public var isAlone: Bool { alone.load(ordering: .acquiring) }
+    /// Another mount asked for the writer lock since this mount's last commit (`othersWaiting`).
+    let waitedFor = Atomic<Bool>(false)
+    public var othersWaiting: Bool { waitedFor.load(ordering: .acquiring) }
     /// The connection that hears other mounts' commits (`listen`).
     let listener = Mutex<PostgresListener?>(nil)
 
@@ -196,10 +199,15 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
         }
     }
 
-    public func listen(_ heard: @escaping @Sendable () -> Void) {
+    public func listen(heard: @escaping @Sendable () -> Void, wanted: @escaping @Sendable () -> Void) {
         listener.withLock { l in
             guard l == nil, !closed.load(ordering: .acquiring) else { return }
-            l = PostgresListener(conninfo: location.conninfo, channel: sql.channel, ignoring: fenceHolder ?? "", heard: heard)
+            l = PostgresListener(
+                conninfo: location.conninfo, channel: sql.channel, ignoring: fenceHolder ?? "", heard: heard,
+                wanted: { [weak self] in
+                    self?.waitedFor.store(true, ordering: .releasing)
+                    wanted()
+                })
         }
     }
 

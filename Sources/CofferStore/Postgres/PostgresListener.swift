@@ -1,14 +1,16 @@
 import Foundation
 import Synchronization
 
-/// Hears the commits of the other mounts of a container: a connection of its own runs LISTEN on the
-/// container's channel, and every commit sends a notification naming its mount's lease holder
-/// (PostgresTransactions.swift). A notification of another mount, or a reconnect (some may have gone
-/// unheard meanwhile), calls `heard` on this thread; the store above then rereads what it cached.
+/// Hears the other mounts of a container: a connection of its own runs LISTEN on the container's
+/// channel. Every commit sends a notification naming its mount's lease holder, and a mount that waits
+/// for the writer lock sends one naming it after `PostgresSQL.wantPrefix` (PostgresTransactions.swift).
+/// Another mount's commit, or a reconnect (some may have gone unheard meanwhile), calls `heard` on
+/// this thread, and the store above rereads what it cached; another mount's wait calls `wanted`.
 final class PostgresListener: @unchecked Sendable {
     private let stopped = Atomic<Bool>(false)
 
-    init(conninfo: String, channel: String, ignoring me: String, heard: @escaping @Sendable () -> Void) {
+    init(conninfo: String, channel: String, ignoring me: String, heard: @escaping @Sendable () -> Void, wanted: @escaping @Sendable () -> Void) {
+        let myWant = PostgresSQL.wantPrefix + me
         let thread = Thread { [self] in
             var connection: PGConnection?
             var first = true
@@ -25,7 +27,9 @@ final class PostgresListener: @unchecked Sendable {
                         first = false
                     }
                     // A short wait, so that `stop` is seen soon.
-                    if try c.notifications(timeout: 0.25).contains(where: { $0 != me }) { heard() }
+                    let payloads = try c.notifications(timeout: 0.25)
+                    if payloads.contains(where: { $0.hasPrefix(PostgresSQL.wantPrefix) && $0 != myWant }) { wanted() }
+                    if payloads.contains(where: { !$0.hasPrefix(PostgresSQL.wantPrefix) && $0 != me }) { heard() }
                 } catch {
                     connection?.close()
                     connection = nil

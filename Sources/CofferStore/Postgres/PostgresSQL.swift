@@ -93,6 +93,16 @@ struct PostgresSQL: Sendable {
     // transaction (a transaction-level advisory lock, so a lost connection releases it), the sealed
     // state read under it, and the commit's notification to the other mounts.
     var writerLock: String { "SELECT pg_advisory_xact_lock(\(Self.lockSpace), hashtext($1))" }
+    /// The writer lock when no other mount holds it or waits for it (false otherwise: that mount is
+    /// asked to end its group first, `wantPrefix`).
+    var tryWriterLock: String { "SELECT pg_try_advisory_xact_lock(\(Self.lockSpace), hashtext($1))" }
+    /// The writer lock shared: it waits for any group open on another mount (close-to-open), not
+    /// for other mounts that only look.
+    var writerLockShared: String { "SELECT pg_advisory_xact_lock_shared(\(Self.lockSpace), hashtext($1))" }
+    var tryWriterLockShared: String { "SELECT pg_try_advisory_xact_lock_shared(\(Self.lockSpace), hashtext($1))" }
+    /// A notification whose payload starts with this is a mount asking for the writer lock (the rest
+    /// names it): a mount with a group open ends it soon (`PostgresListener`, `othersWaiting`).
+    static let wantPrefix = "?"
     var stateRow: String { "SELECT value FROM \(q).meta WHERE name = 'state'" }
     static let notify = "SELECT pg_notify($1, $2)"
     /// The advisory lock space of Coffer's writer locks ("COFF").

@@ -72,8 +72,24 @@ extension PostgresBackend {
     public func committedState() throws(StoreError) -> [UInt8]? {
         try onWriter { () throws(StoreError) -> [UInt8]? in
             if pending.withLock({ $0.since != nil }) { return nil }
-            return try idle { c in try c.execute(sql.stateRow, prepared: true).bytes(0, 0) }
+            // Each pipeline is one implicit transaction: the lock holds until its end, and the state is
+            // read in a snapshot taken after the lock was granted.
+            let lock = [PGValue.text(sql.schema)]
+            return try idle { c in
+                let r = try c.pipeline([PGStatement(sql.tryWriterLockShared, lock, prepared: true), PGStatement(sql.stateRow, prepared: true)])
+                if r.count == 2, try r[0].bool(0, 0) == true { return try r[1].bytes(0, 0) }
+                try askForTheWriterLock(c)
+                let w = try c.pipeline([PGStatement(sql.writerLockShared, lock, prepared: true), PGStatement(sql.stateRow, prepared: true)])
+                return w.count == 2 ? try w[1].bytes(0, 0) : nil
+            }
         }
+    }
+
+    /// Tells the other mounts that this one waits for the writer lock: the one holding it ends its
+    /// group after its slice (`CoherentBackend.othersWaiting`). Outside any transaction, so the
+    /// notification goes out at once.
+    private func askForTheWriterLock(_ c: PGConnection) throws {
+        _ = try c.execute(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.wantPrefix + (fenceHolder ?? ""))], prepared: true)
     }
 
     /// Opens the group transaction (with the writer held). Nothing is open yet, so it is safe to run
@@ -89,11 +105,21 @@ extension PostgresBackend {
         let state: [UInt8]?, mounts: Int64
         do {
             (state, mounts) = try idle { c in
-                let r = try c.pipeline([
-                    PGStatement("BEGIN"), PGStatement(sql.writerLock, [.text(sql.schema)], prepared: true),
-                    PGStatement(sql.stateRow, prepared: true), PGStatement(sql.liveMounts, prepared: true)
-                ])
-                return r.count == 4 ? (try r[2].bytes(0, 0), try r[3].int64(0, 0) ?? 0) : (nil, 0)
+                // Held elsewhere (or waited for): roll back, ask its holder to end its group, then wait.
+                func group(trying: Bool) throws -> (got: Bool, state: [UInt8]?, mounts: Int64) {
+                    let r = try c.pipeline([
+                        PGStatement("BEGIN"), PGStatement(trying ? sql.tryWriterLock : sql.writerLock, [.text(sql.schema)], prepared: true),
+                        PGStatement(sql.stateRow, prepared: true), PGStatement(sql.liveMounts, prepared: true)
+                    ])
+                    guard r.count == 4 else { return (true, nil, 0) }
+                    return (trying ? try r[1].bool(0, 0) ?? false : true, try r[2].bytes(0, 0), try r[3].int64(0, 0) ?? 0)
+                }
+                let tried = try group(trying: true)
+                if tried.got { return (tried.state, tried.mounts) }
+                _ = try c.execute("ROLLBACK")
+                try askForTheWriterLock(c)
+                let waited = try group(trying: false)
+                return (waited.state, waited.mounts)
             }
         } catch {
             if writer.inTransaction { _ = try? writer.execute("ROLLBACK") }
@@ -130,7 +156,7 @@ extension PostgresBackend {
             // commit is asked for: that one flushes every earlier commit (fsync with nothing pending).
             if !wrote && !durable {
                 _ = try inTransaction { try writer.execute("ROLLBACK") }
-                pending.withLock { $0.clear() }
+                endGroup()
                 return false
             }
             let sealed = try state()
@@ -154,7 +180,7 @@ extension PostgresBackend {
                     throw PGError(.server, "the server rolled the transaction back at COMMIT")
                 }
             }
-            pending.withLock { $0.clear() }
+            endGroup()
             return true
         }
     }
@@ -214,6 +240,12 @@ extension PostgresBackend {
         }
     }
 
+    /// The group ended (committed or dropped): another mount's wait was for it.
+    private func endGroup() {
+        pending.withLock { $0.clear() }
+        waitedFor.store(false, ordering: .releasing)
+    }
+
     /// The group is gone: end what is left of it on the server, forget it here, tell the store. A
     /// snapshot (`beginSnapshot`) is gone for good: later reads fail instead of reading outside it.
     func droppedTransaction(_ error: StoreError) {
@@ -223,7 +255,7 @@ extension PostgresBackend {
         } else {
             writer.close()  // reconnected by the next call
         }
-        pending.withLock { $0.clear() }
+        endGroup()
         onRollback?(error)
     }
 
