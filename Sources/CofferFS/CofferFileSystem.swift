@@ -420,10 +420,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         try groupGate.withLock { () throws(FSError) in try commitIfDue() }
     }
 
-    /// How long the committer sleeps: a group open on a coherent mount is looked at often (its
-    /// interval is short, and a waiting mount's slice shorter), reaping goes on in small steps.
+    /// How long the committer sleeps: a group open on a coherent mount beside others is looked at
+    /// often (its interval is short, and a waiting mount's slice shorter; a request wakes it at
+    /// once), reaping goes on in small steps.
     private func committerPause() -> Double {
-        if options.coherent && store.hasPendingChanges { return store.othersWaiting ? 0.002 : 0.01 }
+        if options.coherent && store.othersWaiting { return 0.002 }
+        if options.coherent && !store.isAlone && store.hasPendingChanges { return 0.01 }
         return meta.withLock({ dying.isEmpty }) ? 0.2 : 0.02
     }
 
