@@ -115,7 +115,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         meta.withLock { reapsWhenQuiet = true }
         let thread = Thread { [weak self] in
             while let fs = self, !fs.meta.withLock({ fs.stopped }) {
-                _ = fs.wakeCommitter.wait(timeout: .now() + fs.committerPause())
+                if fs.wakeCommitter.wait(timeout: .now() + fs.committerPause()) == .success {
+                    while fs.wakeCommitter.wait(timeout: .now()) == .success {}  // a burst of requests wakes it once
+                }
                 fs.reapIfQuiet()
                 do { try fs.commitIfDueOutsideChanges() } catch { fs.logger.error("group commit failed: \(error)") }
                 fs.shrinkIfQuiet()
@@ -416,15 +418,20 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// `commitIfDue` for callers outside a change (the committer, a forget): on a coherent mount it
     /// waits for the change under way, if any (`groupGate`).
     func commitIfDueOutsideChanges() throws(FSError) {
-        guard options.coherent else { return try commitIfDue() }
-        try groupGate.withLock { () throws(FSError) in try commitIfDue() }
+        try outsideChanges { () throws(FSError) in try commitIfDue() }
+    }
+
+    /// `body` between changes on a coherent mount (`groupGate`); at once on others.
+    private func outsideChanges(_ body: () throws(FSError) -> Void) throws(FSError) {
+        guard options.coherent else { return try body() }
+        try groupGate.withLock { () throws(FSError) in try body() }
     }
 
     /// How long the committer sleeps: a group open on a coherent mount beside others is looked at
     /// often (its interval is short, and a waiting mount's slice shorter; a request wakes it at
     /// once), reaping goes on in small steps.
     private func committerPause() -> Double {
-        if options.coherent && store.othersWaiting { return 0.002 }
+        if options.coherent && store.othersWaiting { return 0.002 }  // only while a group is open
         if options.coherent && !store.isAlone && store.hasPendingChanges { return 0.01 }
         return meta.withLock({ dying.isEmpty }) ? 0.2 : 0.02
     }
@@ -436,7 +443,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         while !options.readOnly, meta.withLock({ !stopped && dying.isEmpty }), !store.hasPendingChanges {
             do {
                 guard try store.giveBackFreePages() > 0 else { return }
-                try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
+                try outsideChanges { () throws(FSError) in try meta.withLock { () throws(FSError) in try commitLocked(durable: false) } }
             } catch {
                 logger.error("giving free space back to the disk failed: \(error)")
                 return

@@ -62,7 +62,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     /// Waits for a group open on another mount and reads the state it left (close-to-open); a group
     /// of this mount's own already sees everything.
-    private func awaitOthers() throws(FSError) {
+    private func awaitGroupsElsewhere() throws(FSError) {
         do { try fs.store.catchUp() } catch { throw fs.fsError(error) }
     }
 
@@ -99,7 +99,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes {
         let epoch = fs.storeEpoch.load(ordering: .acquiring)
         do { return try fs.lookup(parent: parent, name: name) } catch  where error == .notFound {
-            try awaitOthers()
+            try awaitGroupsElsewhere()
             guard fs.storeEpoch.load(ordering: .acquiring) != epoch else { throw error }
             return try fs.lookup(parent: parent, name: name)
         }
@@ -137,7 +137,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     /// Close-to-open: the server's state first (one round trip), then the file as it is now.
     public func open(_ ino: InodeNumber, flags: Int32, caller: Caller) throws(FSError) -> OpenResult {
-        try awaitOthers()
+        try awaitGroupsElsewhere()
         if flags & O_TRUNC != 0 && !isReadOnly {
             return handed(try change { () throws(FSError) in try fs.open(ino, flags: flags, caller: caller) })
         }
@@ -184,7 +184,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     /// Close-to-open for listings too: what another mount did before this opendir is listed.
     public func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID {
-        try awaitOthers()
+        try awaitGroupsElsewhere()
         return try fs.opendir(ino, caller: caller)
     }
     public func readdir(_ ino: InodeNumber, handle: HandleID, offset: Int64, limit: Int, plus: Bool) throws(FSError) -> [DirectoryEntry] {

@@ -42,8 +42,17 @@ public final class EntityStore: @unchecked Sendable {
     /// A generation sealed into a COMMIT whose answer was lost: the server may or may not have it.
     private let uncertainGeneration = Mutex<UInt64>(0)
     /// Called when the store changed under this mount (another mount committed, or the server lost
-    /// commits that were not yet durable): what the layers above cached must be read again.
-    public var onForeignChange: (@Sendable () -> Void)?
+    /// commits that were not yet durable): what the layers above cached must be read again. Set
+    /// while the listener may already call it: behind a lock.
+    public var onForeignChange: (@Sendable () -> Void)? {
+        get { handlers.withLock { $0.foreignChange } }
+        set { handlers.withLock { $0.foreignChange = newValue } }
+    }
+    private struct Handlers {
+        var foreignChange: (@Sendable () -> Void)?
+        var othersWaiting: (@Sendable () -> Void)?
+    }
+    private let handlers = Mutex(Handlers())
     /// Called when the server shows a generation below this mount's last commit but not below the
     /// durable floor: it lost commits that were not durable yet (it crashed). What changed since the
     /// last durable commit may be gone: the next fsync of such a file must say so.
@@ -181,7 +190,10 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     /// Called (on the engine's thread) when another mount asks for the writer lock.
-    public var onOthersWaiting: (@Sendable () -> Void)?
+    public var onOthersWaiting: (@Sendable () -> Void)? {
+        get { handlers.withLock { $0.othersWaiting } }
+        set { handlers.withLock { $0.othersWaiting = newValue } }
+    }
 
     /// Another mount waits for the writer lock: the open group should end after its slice (always
     /// false on an engine without several mounts).

@@ -64,7 +64,24 @@ struct SharedStoreTests {
             #expect(try b.inode(ino)?.size == ino, "round \(round): and sees what was committed")
             if writes { try b.commit(durable: false) }
         }
-        #expect(asked.withLock { $0 } >= 2)
+        #expect(asked.withLock { $0 } == 2, "one request per wait")
+
+        // A request heard while this mount has no group open (c held the lock) does not cut a group
+        // begun later short.
+        let leaseC = try PostgresLease.take(location, purpose: "mount", machine: "ask-c")
+        defer { leaseC.release() }
+        let c = try mountLike(made, holder: leaseC.me.holder)
+        defer { c.close() }
+        try c.beginGroup()
+        let waiter = Thread { _ = try? b.catchUp() }
+        waiter.start()
+        #expect(TestWait.until(5) { asked.withLock { $0 } == 3 }, "a heard b's request for c's group")
+        #expect(!a.othersWaiting, "a has no group: nobody waits for it")
+        try c.commit(durable: false)
+        usleep(100_000)
+        try a.beginGroup()
+        #expect(!a.othersWaiting, "the old request is not for a's new group")
+        try a.commit(durable: false)
     }
 
     @Test func groupsSeeEachOtherAndGenerationsGrowByOne() throws {

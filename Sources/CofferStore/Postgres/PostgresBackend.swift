@@ -37,9 +37,15 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// Whether no other mount held a lease at the last group begin (`CoherentBackend.isAlone`).
     let alone = Atomic<Bool>(false)
     public var isAlone: Bool { alone.load(ordering: .acquiring) }
-    /// Another mount asked for the writer lock since this mount's last commit (`othersWaiting`).
-    let waitedFor = Atomic<Bool>(false)
-    public var othersWaiting: Bool { waitedFor.load(ordering: .acquiring) }
+    /// When another mount last asked for the writer lock (`othersWaiting`).
+    let lastAsked = Mutex<ContinuousClock.Instant?>(nil)
+    /// A request counts for the open group when heard after it began, or just before: the asker may
+    /// have found the lock held by this mount's previous group and asked as that one ended.
+    static let askGrace: Duration = .milliseconds(20)
+    public var othersWaiting: Bool {
+        guard let asked = lastAsked.withLock({ $0 }), let since = pending.withLock({ $0.since }) else { return false }
+        return asked >= since - Self.askGrace
+    }
     /// The connection that hears other mounts' commits (`listen`).
     let listener = Mutex<PostgresListener?>(nil)
 
@@ -118,13 +124,16 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
 
     /// Session settings of the writer, again after every reconnect: commits wait for the server's
     /// WAL flush (a role or database may have turned that off), a read-only store refuses writes
-    /// on the server too, and a writable one's idle group is ended by the server after a minute.
+    /// on the server too, a writable one's idle group is ended by the server after a minute, and
+    /// transactions read committed.
     func setUpSession() throws(StoreError) {
         do {
             // A writer whose group stays idle for a minute (a peer that is stopped or suspended while it
-            // holds the container's writer lock) loses it, so the other mounts go on.
+            // holds the container's writer lock) loses it, so the other mounts go on. Read committed
+            // whatever the role's default: a state row read after the writer lock must be read in a
+            // snapshot taken after the lock was granted.
             try writer.executeScript(
-                "SET synchronous_commit = on"
+                "SET synchronous_commit = on; SET default_transaction_isolation = 'read committed'"
                     + (readOnly ? "; SET default_transaction_read_only = on" : "; SET idle_in_transaction_session_timeout = '60s'"))
         } catch { throw StoreError.postgres(error) }
     }
@@ -205,7 +214,7 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             l = PostgresListener(
                 conninfo: location.conninfo, channel: sql.channel, ignoring: fenceHolder ?? "", heard: heard,
                 wanted: { [weak self] in
-                    self?.waitedFor.store(true, ordering: .releasing)
+                    self?.lastAsked.withLock { $0 = .now }
                     wanted()
                 })
         }

@@ -23,7 +23,10 @@ final class PostgresListener: @unchecked Sendable {
                         c = try PGConnection(conninfo)
                         try c.execute("LISTEN " + PostgresIdentifier.quoted(channel))
                         connection = c
-                        if !first { heard() }  // commits made while this connection was away went unheard
+                        if !first {  // commits and requests made while this connection was away went unheard
+                            heard()
+                            wanted()
+                        }
                         first = false
                     }
                     // A short wait, so that `stop` is seen soon.

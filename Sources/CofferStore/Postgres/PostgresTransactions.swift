@@ -78,7 +78,7 @@ extension PostgresBackend {
             return try idle { c in
                 let r = try c.pipeline([PGStatement(sql.tryWriterLockShared, lock, prepared: true), PGStatement(sql.stateRow, prepared: true)])
                 if r.count == 2, try r[0].bool(0, 0) == true { return try r[1].bytes(0, 0) }
-                try askForTheWriterLock(c)
+                _ = try c.pipeline([askForTheWriterLock])
                 let w = try c.pipeline([PGStatement(sql.writerLockShared, lock, prepared: true), PGStatement(sql.stateRow, prepared: true)])
                 return w.count == 2 ? try w[1].bytes(0, 0) : nil
             }
@@ -86,10 +86,10 @@ extension PostgresBackend {
     }
 
     /// Tells the other mounts that this one waits for the writer lock: the one holding it ends its
-    /// group after its slice (`CoherentBackend.othersWaiting`). Outside any transaction, so the
-    /// notification goes out at once.
-    private func askForTheWriterLock(_ c: PGConnection) throws {
-        _ = try c.execute(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.wantPrefix + (fenceHolder ?? ""))], prepared: true)
+    /// group after its slice (`CoherentBackend.othersWaiting`). Sent outside any transaction (after
+    /// a ROLLBACK, or alone), so the notification goes out at the batch's end, at once.
+    private var askForTheWriterLock: PGStatement {
+        PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.wantPrefix + (fenceHolder ?? ""))], prepared: true)
     }
 
     /// Opens the group transaction (with the writer held). Nothing is open yet, so it is safe to run
@@ -116,8 +116,7 @@ extension PostgresBackend {
                 }
                 let tried = try group(trying: true)
                 if tried.got { return (tried.state, tried.mounts) }
-                _ = try c.execute("ROLLBACK")
-                try askForTheWriterLock(c)
+                _ = try c.pipeline([PGStatement("ROLLBACK"), askForTheWriterLock])
                 let waited = try group(trying: false)
                 return (waited.state, waited.mounts)
             }
@@ -156,7 +155,7 @@ extension PostgresBackend {
             // commit is asked for: that one flushes every earlier commit (fsync with nothing pending).
             if !wrote && !durable {
                 _ = try inTransaction { try writer.execute("ROLLBACK") }
-                endGroup()
+                pending.withLock { $0.clear() }
                 return false
             }
             let sealed = try state()
@@ -180,7 +179,7 @@ extension PostgresBackend {
                     throw PGError(.server, "the server rolled the transaction back at COMMIT")
                 }
             }
-            endGroup()
+            pending.withLock { $0.clear() }
             return true
         }
     }
@@ -240,12 +239,6 @@ extension PostgresBackend {
         }
     }
 
-    /// The group ended (committed or dropped): another mount's wait was for it.
-    private func endGroup() {
-        pending.withLock { $0.clear() }
-        waitedFor.store(false, ordering: .releasing)
-    }
-
     /// The group is gone: end what is left of it on the server, forget it here, tell the store. A
     /// snapshot (`beginSnapshot`) is gone for good: later reads fail instead of reading outside it.
     func droppedTransaction(_ error: StoreError) {
@@ -255,7 +248,7 @@ extension PostgresBackend {
         } else {
             writer.close()  // reconnected by the next call
         }
-        endGroup()
+        pending.withLock { $0.clear() }
         onRollback?(error)
     }
 
