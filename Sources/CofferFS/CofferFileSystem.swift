@@ -48,6 +48,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     let meta = Lock()
     var inodes: [InodeNumber: InodeState] = [:]
+    /// Coherent mounts: names read from the store, for LOOKUPs (EntryCache.swift). Under meta.
+    var entryCache = EntryCache()
     /// Unlinked inodes the kernel is done with, whose rows are still in the store
     /// (Reaping.swift). Under meta.
     var dying: [InodeNumber: InodeState] = [:]
@@ -276,6 +278,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// write-back). What was committed before is untouched.
     private func reloadAfterRollback(_ error: FSError) {
         rolledBack.withLock { $0 = nil }
+        entryCache.clear()  // it may name entries of the dropped group
         logger.error("the store dropped uncommitted changes (\(error)); writes since the last commit are lost and fsync reports it")
         for (ino, s) in inodes {
             if s.dirty { s.writeError = error }

@@ -7,7 +7,7 @@ extension CofferFileSystem {
         guard name.count <= DirectoryEntryRecord.maxNameLength else { throw .nameTooLong }
         return try locked { () throws(FSError) -> Attributes in
             _ = try directory(parent)
-            let child = try entryState(parent: parent, name: name)
+            let child = try cachedEntryState(parent: parent, name: name)
             child.lookups += 1
             return attributes(child)
         }
@@ -55,6 +55,20 @@ extension CofferFileSystem {
         guard let entry else { throw .notFound }
         let s = try state(entry.ino)
         s.location = (parent, name)
+        return s
+    }
+
+    /// `entryState` through the entry cache (coherent mounts; call under meta): a name listed or looked
+    /// up since anything could have changed it needs no store read.
+    private func cachedEntryState(parent: InodeNumber, name: [UInt8]) throws(FSError) -> InodeState {
+        guard options.coherent else { return try entryState(parent: parent, name: name) }
+        let epoch = storeEpoch.load(ordering: .acquiring), changes = store.entryChanges
+        if let ino = entryCache.inode(parent: parent, name: name, epoch: epoch, entryChanges: changes), let s = try? state(ino) {
+            s.location = (parent, name)
+            return s
+        }
+        let s = try entryState(parent: parent, name: name)
+        entryCache.keep(parent: parent, name: name, ino: s.ino, epoch: epoch, entryChanges: changes)
         return s
     }
 
@@ -365,6 +379,8 @@ extension CofferFileSystem {
                         name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: EntityStore.rootInode, type: dirType,
                         offset: DirectoryCookie.afterDotDot))
             }
+            // The names handed out are kept for LOOKUPs, marked with what held before they were read.
+            let epoch = storeEpoch.load(ordering: .acquiring), changes = store.entryChanges
             let resume = DirectoryCookie(offset)
             var from = resume?.lowerBound ?? []
             var cursor = ListingCursor(resume: resume)
@@ -389,6 +405,7 @@ extension CofferFileSystem {
                     guard let here = cursor.advance(tag: tag) else { continue }
                     guard let e = record else { continue }  // damaged: reported, left out
                     var entry = DirectoryEntry(name: e.name, ino: e.ino, type: e.type, offset: here.value)
+                    if options.coherent { entryCache.keep(parent: ino, name: e.name, ino: e.ino, epoch: epoch, entryChanges: changes) }
                     if plus {
                         // A damaged inode is left out of the listing (its lookup reports EIO).
                         guard let s = try? state(e.ino) else { continue }

@@ -363,13 +363,20 @@ public final class EntityStore: @unchecked Sendable {
         try insertEntry(parent: parent, record, replace: false)
     }
 
+    /// Counts this store's entry writes and deletes (attempted, committed or not): a cache of names
+    /// taken when it had one value is good only while it has it (`CofferFileSystem`'s entry cache).
+    public var entryChanges: UInt64 { entryChangeCount.load(ordering: .acquiring) }
+    private let entryChangeCount = Atomic<UInt64>(0)
+
     private func insertEntry(parent: UInt64, _ record: DirectoryEntryRecord, replace: Bool) throws(StoreError) -> Bool {
+        entryChangeCount.add(1, ordering: .acquiringAndReleasing)
         let ptag = parentTag(parent), tag = nameTag(parent, record.name)
         let sealed = try sealer.seal(DirectoryEntryTransformer(), record, id: ptag + tag, cipher: keys.metadata)
         return try backend.putEntry(parentTag: ptag, tag: tag, sealed: sealed, replace: replace)
     }
 
     public func deleteEntry(parent: UInt64, name: [UInt8]) throws(StoreError) {
+        entryChangeCount.add(1, ordering: .acquiringAndReleasing)
         try backend.deleteEntry(parentTag: parentTag(parent), tag: nameTag(parent, name))
     }
 

@@ -148,6 +148,30 @@ struct SharedMountTests {
         #expect(commits > 2 && commits < files / 2, "\(commits) commits for \(files) files")
     }
 
+    /// Names a mount listed are kept for its lookups (EntryCache): never past a change of its own, nor
+    /// past the bound for another machine's. Checked after the kernel's own entries expired (1 s).
+    @Test func listedNamesFollowRenamesHereAndElsewhere() throws {
+        let t = try TwoMachines("names")
+        defer { t.cleanup() }
+        #expect(mkdir(t.a + "/d", 0o755) == 0)
+        for name in ["x", "y", "z"] { try E2E.write(t.a + "/d/" + name, name) }
+        func names(_ root: String) -> [String] { ((try? FileManager.default.contentsOfDirectory(atPath: root + "/d")) ?? []).sorted() }
+        #expect(E2E.wait(2) { names(t.b) == ["x", "y", "z"] })
+        usleep(1_100_000)
+        // Here: a rename and an unlink right after the listing.
+        #expect(rename(t.b + "/d/x", t.b + "/d/x2") == 0 && unlink(t.b + "/d/y") == 0)
+        #expect(E2E.statOf(t.b + "/d/x") == nil && E2E.statOf(t.b + "/d/y") == nil)
+        #expect(E2E.readText(t.b + "/d/x2") == "x")
+        // Elsewhere: b listed the directory, a renames and replaces; b follows within the bound.
+        #expect(names(t.b) == ["x2", "z"])
+        usleep(1_100_000)
+        #expect(rename(t.a + "/d/z", t.a + "/d/z2") == 0)
+        try E2E.write(t.a + "/d/x2", "new x2")
+        #expect(E2E.wait(2) { E2E.statOf(t.b + "/d/z") == nil && E2E.statOf(t.b + "/d/z2") != nil }, "b sees a's rename")
+        #expect(E2E.readText(t.b + "/d/x2") == "new x2")
+        t.unmountAndCheck()
+    }
+
     /// Two machines creating the same names with O_EXCL at once: exactly one success per name.
     @Test func exclusiveCreateHasOneWinner() throws {
         let t = try TwoMachines("excl")
