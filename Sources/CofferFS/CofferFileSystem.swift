@@ -278,7 +278,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// write-back). What was committed before is untouched.
     private func reloadAfterRollback(_ error: FSError) {
         rolledBack.withLock { $0 = nil }
-        entryCache.clear()  // it may name entries of the dropped group
+        // Names read before (even a listing still running) may be the dropped group's: a new epoch ends
+        // every mark taken before it.
+        entryCache.clear()
+        if options.coherent { forgetCachedRecords() }
         logger.error("the store dropped uncommitted changes (\(error)); writes since the last commit are lost and fsync reports it")
         for (ino, s) in inodes {
             if s.dirty { s.writeError = error }

@@ -63,7 +63,11 @@ extension CofferFileSystem {
     private func cachedEntryState(parent: InodeNumber, name: [UInt8]) throws(FSError) -> InodeState {
         guard options.coherent else { return try entryState(parent: parent, name: name) }
         let epoch = storeEpoch.load(ordering: .acquiring), changes = store.entryChanges
-        if let ino = entryCache.inode(parent: parent, name: name, epoch: epoch, entryChanges: changes), let s = try? state(ino) {
+        // A hit counts only for a live inode, with nothing changed while its state was read.
+        if let ino = entryCache.inode(parent: parent, name: name, epoch: epoch, entryChanges: changes), dying[ino] == nil,
+            let s = try? state(ino), !s.deleted, !s.goneElsewhere, !s.unlinkedElsewhere, s.record.nlink > 0,
+            storeEpoch.load(ordering: .acquiring) == epoch
+        {
             s.location = (parent, name)
             return s
         }
