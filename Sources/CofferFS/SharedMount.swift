@@ -55,6 +55,8 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
         return try fs.groupGate.withLock { () throws(FSError) -> T in
             try fs.beginGroup()
             let result = try body()
+            // The committer ends groups too, but it must win `groupGate` from the workers: a busy mount
+            // checks here, between its changes, whether its interval or another mount's wait says so.
             if durable { try fs.commitGroup(durable: true) } else { try fs.commitIfDue() }
             return result
         }

@@ -1,3 +1,4 @@
+import CofferTestSupport
 import Foundation
 import Testing
 
@@ -338,14 +339,7 @@ enum E2E {
 
     /// Waits up to `seconds` for `condition`.
     @discardableResult
-    static func wait(_ seconds: Double, _ condition: () -> Bool) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if condition() { return true }
-            usleep(20_000)
-        }
-        return condition()
-    }
+    static func wait(_ seconds: Double, _ condition: () -> Bool) -> Bool { waitUntil(seconds, condition) }
 
     /// Unmounts `path` if mounted: fusermount3 -u, then -uz when that did not work.
     static func forceUnmount(_ path: String) {

@@ -54,12 +54,12 @@ struct SharedStoreTests {
                 done.withLock { $0 = true }
             }
             waiter.start()
-            #expect(TestWait.until(5) { a.othersWaiting }, "round \(round): the holder heard the request")
+            #expect(waitUntil(5, every: 0.01) { a.othersWaiting }, "round \(round): the holder heard the request")
             usleep(200_000)
             #expect(!done.withLock { $0 }, "round \(round): the waiter waits while the group is open")
             try a.commit(durable: false)
             #expect(!a.othersWaiting, "round \(round): the request ends with the group")
-            #expect(TestWait.until(5) { done.withLock { $0 } }, "round \(round): the waiter goes on after the commit")
+            #expect(waitUntil(5, every: 0.01) { done.withLock { $0 } }, "round \(round): the waiter goes on after the commit")
             #expect(failure.withLock { $0 } == nil)
             #expect(try b.inode(ino)?.size == ino, "round \(round): and sees what was committed")
             if writes { try b.commit(durable: false) }
@@ -75,7 +75,7 @@ struct SharedStoreTests {
         try c.beginGroup()
         let waiter = Thread { _ = try? b.catchUp() }
         waiter.start()
-        #expect(TestWait.until(5) { asked.withLock { $0 } == 3 }, "a heard b's request for c's group")
+        #expect(waitUntil(5, every: 0.01) { asked.withLock { $0 } == 3 }, "a heard b's request for c's group")
         #expect(!a.othersWaiting, "a has no group: nobody waits for it")
         try c.commit(durable: false)
         usleep(100_000)
@@ -171,17 +171,5 @@ struct SharedStoreTests {
         let stored = try TestPostgres.cluster().psql("SELECT encode(value, 'hex') FROM \(q).meta WHERE name = 'state'")
         #expect(stored == old, "nothing was written over the old state")
         #expect(try a.inode(51)?.size == 51)
-    }
-}
-
-/// Polls `condition` every 10 ms for up to `seconds`.
-private enum TestWait {
-    static func until(_ seconds: Double, _ condition: () -> Bool) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if condition() { return true }
-            usleep(10_000)
-        }
-        return condition()
     }
 }

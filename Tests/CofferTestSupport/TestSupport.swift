@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 // Helpers every test target shares (one copy instead of one per target).
@@ -8,6 +9,17 @@ import Testing
 // as an ordinary trailing closure and record issues themselves.
 
 public func b(_ s: String) -> [UInt8] { Array(s.utf8) }
+
+/// Polls `condition` every `every` seconds for up to `seconds`; whether it came true.
+@discardableResult
+public func waitUntil(_ seconds: Double, every: Double = 0.02, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        Thread.sleep(forTimeInterval: every)
+    }
+    return condition()
+}
 
 public struct TestFailure: Error, CustomStringConvertible {
     public let description: String
