@@ -210,10 +210,12 @@ public final class EntityStore: @unchecked Sendable {
     /// engine without several mounts: a mount of its own never asks).
     public var isAlone: Bool { (backend as? CoherentBackend)?.isAlone ?? false }
 
-    /// A new mount waits for every group open elsewhere (one that began while this mount was not
-    /// there yet may span several changes): it takes the writer lock once, writing nothing.
+    /// A new mount makes every mount alone stop skipping its checks (`CoherentBackend.join`), then waits
+    /// for every group open elsewhere (one that began while this mount was not there yet may span several
+    /// changes): it takes the writer lock once, writing nothing.
     public func awaitOtherGroups() throws(StoreError) {
-        guard !readOnly, backend is CoherentBackend else { return }
+        guard !readOnly, let backend = backend as? CoherentBackend else { return }
+        try backend.join()
         try beginGroup()
         try commit(durable: false)
     }

@@ -16,13 +16,19 @@ public protocol CoherentBackend: StoreBackend {
     /// The sealed state as committed on the server once no other mount has a group open (close-to-
     /// open: what another mount closed may still be in its open group, which is asked to end, then
     /// waited for); one round trip when none is. Nil when a group of this mount is open (nobody
-    /// else can have committed since it began).
+    /// else can have committed since it began), or when this mount is alone (`isSole`).
     func committedState() throws(StoreError) -> [UInt8]?
     /// No other mount held a lease when the open (or last) group began: this mount's groups may then
     /// stay open as long as a mount of its own keeps them (beside others they end sooner, so that
     /// listings elsewhere show the changes soon). A new mount first waits for every group open
     /// elsewhere (`beginGroup` then a commit that wrote nothing).
     var isAlone: Bool { get }
+    /// No other mount has a lease, and one that comes waits until this mount knows (`join`): what is
+    /// committed is what this mount committed, so `committedState` needs no round trip.
+    var isSole: Bool { get }
+    /// Announces a new mount and waits until every mount alone has heard it (`isSole` false there).
+    /// Before this mount writes anything; afterwards it may become alone itself.
+    func join() throws(StoreError)
     /// Another mount waits for the writer lock (it asked since this mount's last commit): a group open
     /// here should end soon. Groups span several changes, on any number of mounts; this is what keeps
     /// one from holding the others up for longer than a short slice.

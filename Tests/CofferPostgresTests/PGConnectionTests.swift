@@ -80,6 +80,24 @@ import Testing
         #expect(try count(c, t) == 5)
     }
 
+    /// A batch sent without waiting (`send`) is answered before the next call runs: that call sees its
+    /// rows, or throws its error instead of running, and the session stays usable either way.
+    @Test func aSentBatchIsSettledByTheNextCall() throws {
+        let c = try PGConnection(try Shared.cluster().superuserURI)
+        let t = try freshTable(c, "id int8 PRIMARY KEY, v bytea")
+        let big = [UInt8](repeating: 7, count: 1 << 20)  // larger than a socket buffer: sending must not block on answers
+        try c.send((0..<4).map { PGStatement("INSERT INTO \(t) VALUES ($1, $2)", [.int8(Int64($0)), .bytea(big)], prepared: true) })
+        #expect(try count(c, t) == 4)
+        try c.send([PGStatement("INSERT INTO \(t) VALUES (0, ''::bytea)")])  // duplicate key
+        #expect(pgError { _ = try c.execute("INSERT INTO \(t) VALUES (5, ''::bytea)") }?.sqlState == .uniqueViolation)
+        #expect(try count(c, t) == 4, "the call that met the error did not run")
+        try c.send([PGStatement("INSERT INTO \(t) VALUES (6, ''::bytea)")])
+        try c.settle()
+        try c.settle()  // nothing left: a no-op
+        #expect(c.isAlive)
+        #expect(try count(c, t) == 5)
+    }
+
     /// An int8[] parameter in binary: `= ANY($1)` finds exactly the listed ids, none for an empty array.
     @Test func int8ArrayParameter() throws {
         let c = try PGConnection(try Shared.cluster().superuserURI)

@@ -84,6 +84,42 @@ struct SharedStoreTests {
         try a.commit(durable: false)
     }
 
+    /// A mount alone (no other lease row) holds the sole lock, and its opens cost no round trip
+    /// (`catchUp`). A mount that joins goes on only once the one alone has let go: from then on every
+    /// open looks at the server again, and sees what the newcomer committed.
+    @Test func aMountAloneSkipsItsOpenChecksUntilAnotherJoins() throws {
+        let made = try TestStore.create(.postgres, in: "")
+        let location = try #require(made.location)
+        let leaseA = try PostgresLease.take(location, purpose: "mount", machine: "sole-a")
+        defer { leaseA.release() }
+        let a = try mountLike(made, holder: leaseA.me.holder)
+        defer { a.close() }
+        let backendA = try #require(a.backend as? PostgresBackend)
+        usleep(300_000)
+        #expect(!backendA.isSole, "not alone before it joined")
+        try a.awaitOtherGroups()
+        #expect(waitUntil(5) { backendA.isSole }, "alone once joined")
+        let before = backendA.writerRoundTrips
+        for _ in 0..<10 { #expect(!(try a.catchUp())) }
+        #expect(backendA.writerRoundTrips == before, "an open of a mount alone costs no round trip")
+
+        let leaseB = try PostgresLease.take(location, purpose: "mount", machine: "sole-b")
+        defer { leaseB.release() }
+        let b = try mountLike(made, holder: leaseB.me.holder)
+        defer { b.close() }
+        try b.awaitOtherGroups()
+        #expect(!backendA.isSole, "b joined only after a let go")
+        try b.beginGroup()
+        try b.putInode(70, sampleInode(size: 70))
+        try b.commit(durable: false)
+        #expect(try a.catchUp(), "a's next open sees b's commit")
+        #expect(backendA.writerRoundTrips > before)
+        #expect(try a.inode(70)?.size == 70)
+        usleep(1_500_000)
+        let backendB = try #require(b.backend as? PostgresBackend)
+        #expect(!backendA.isSole && !backendB.isSole, "neither is alone while both have leases")
+    }
+
     @Test func groupsSeeEachOtherAndGenerationsGrowByOne() throws {
         let made = try TestStore.create(.postgres, in: "")
         let a = try mountLike(made), b = try mountLike(made)

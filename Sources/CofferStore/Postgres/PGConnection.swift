@@ -39,6 +39,7 @@ public final class PGConnection: @unchecked Sendable {
 
     private func open() throws(PGError) {
         ahead = []
+        unsettled = 0
         if let handle { PQfinish(handle) }
         handle = nil
         poisoned = false
@@ -89,6 +90,7 @@ public final class PGConnection: @unchecked Sendable {
     /// while the socket is readable; libpq notices the end of file on the read after the message.
     public var isAlive: Bool {
         guard let c = handle, !poisoned, PQstatus(c) == CONNECTION_OK else { return false }
+        guard unsettled == 0 else { return true }  // answers still to come: `settle` reads them
         for _ in 0..<8 {
             var p = pollfd(fd: PQsocket(c), events: Int16(POLLIN), revents: 0)
             guard poll(&p, 1, 0) == 1 else { break }
@@ -118,6 +120,7 @@ public final class PGConnection: @unchecked Sendable {
     /// Ends the session; `isAlive` is false until `reconnect`.
     public func close() {
         ahead = []
+        unsettled = 0
         if let handle { PQfinish(handle) }
         handle = nil
     }
@@ -146,6 +149,7 @@ public final class PGConnection: @unchecked Sendable {
     /// store, not for SQL built on the fly (each text stays prepared until the session ends).
     @discardableResult
     public func execute(_ sql: String, _ params: [PGValue] = [], prepared: Bool = false) throws(PGError) -> PGResult {
+        try settle()
         if !ahead.isEmpty {
             guard let r = try pipeline([PGStatement(sql, params, prepared: prepared)]).first else {
                 throw PGError(.server, "no answer to the statement")
@@ -154,6 +158,7 @@ public final class PGConnection: @unchecked Sendable {
         }
         let c = try connected()
         let p = try PGParameterArrays(params)
+        roundTrips += 1
         let r: OpaquePointer?
         if prepared {
             let name = try prepare(sql, p, c)
@@ -178,7 +183,9 @@ public final class PGConnection: @unchecked Sendable {
 
     /// Runs several statements separated by semicolons (schema setup); text protocol, no parameters.
     public func executeScript(_ sql: String) throws(PGError) {
+        try settle()
         let c = try connected()
+        roundTrips += 1
         _ = try check(PQexec(c, sql), c)
     }
 
@@ -209,9 +216,42 @@ public final class PGConnection: @unchecked Sendable {
     /// first error is thrown after every answer up to the sync has been read, so the connection stays
     /// usable; statements after a failed one come back aborted and are not run.
     public func pipeline(_ statements: [PGStatement]) throws(PGError) -> [PGResult] {
+        try settle()
         let skip = ahead.count
+        guard let (c, count) = try sendBatch(statements) else { return [] }
+        return Array(try readBatch(c, count).dropFirst(skip))
+    }
+
+    /// Sends a batch as `pipeline` does and returns without waiting for its answers: the server works
+    /// on it while the caller goes on (a streaming write prepares its next chunks meanwhile). The
+    /// answers are read by the next call on this session (`settle`), which throws the batch's first
+    /// error, if any, instead of running its own statements; nothing else can run before them.
+    public func send(_ statements: [PGStatement]) throws(PGError) {
+        try settle()
+        guard let (_, count) = try sendBatch(statements) else { return }
+        unsettled = count
+    }
+
+    /// Reads the answers of a batch `send` left unread; throws its first error. Every other call on the
+    /// session does this first.
+    public func settle() throws(PGError) {
+        guard unsettled > 0 else { return }
+        let count = unsettled
+        unsettled = 0
+        guard let c = handle else { throw PGError(.connection, "not connected to the server") }
+        _ = try readBatch(c, count)
+    }
+
+    /// Statements and batches sent on this connection, each a round trip (tests count them).
+    public private(set) var roundTrips = 0
+
+    /// Statements of a batch sent by `send` whose answers are not read yet (0: none).
+    private var unsettled = 0
+
+    /// `ahead` and `statements` sent in pipeline mode with one sync at the end; nil when both are empty.
+    private func sendBatch(_ statements: [PGStatement]) throws(PGError) -> (OpaquePointer, Int)? {
         let statements = ahead + statements
-        guard !statements.isEmpty else { return [] }
+        guard !statements.isEmpty else { return nil }
         let c = try connected()
         guard PQpipelineStatus(c) == PQ_PIPELINE_OFF else { throw PGError(.usage, "a pipeline is already running") }
         for s in statements {
@@ -220,8 +260,9 @@ public final class PGConnection: @unchecked Sendable {
         }
         guard PQenterPipelineMode(c) == 1 else { throw connectionError(c) }
         ahead = []  // from here on sent, or the connection is given up
+        roundTrips += 1
         // In blocking mode libpq reads pending answers while a send would block, so a large batch
-        // cannot deadlock against a server waiting for us to read.
+        // cannot deadlock against a server waiting for us to read; the sync flushes what is left.
         for s in statements {  // libpq copies each statement into its buffer: one value copy alive at a time
             guard let p = try? PGParameterArrays(s.params) else { throw abandon(c) }
             let name = s.prepared ? preparedNames[Self.key(s.sql, p.types)] : nil
@@ -232,9 +273,14 @@ public final class PGConnection: @unchecked Sendable {
             guard sent == 1 else { throw abandon(c) }
         }
         guard PQpipelineSync(c) == 1 else { throw abandon(c) }
+        return (c, statements.count)
+    }
+
+    /// The answers of a sent batch of `count` statements, up to its sync; leaves pipeline mode.
+    private func readBatch(_ c: OpaquePointer, _ count: Int) throws(PGError) -> [PGResult] {
         var results: [PGResult] = []
         var firstError: PGError?
-        for _ in statements {
+        for _ in 0..<count {
             guard let r = PQgetResult(c) else { throw abandon(c) }
             if PQresultStatus(r) == PGRES_PIPELINE_SYNC {
                 PQclear(r)
@@ -252,7 +298,7 @@ public final class PGConnection: @unchecked Sendable {
         guard synced else { throw abandon(c, "no sync at the end of the batch") }
         guard PQexitPipelineMode(c) == 1 else { throw abandon(c) }
         if let firstError { throw firstError }
-        return Array(results.dropFirst(skip))
+        return results
     }
 
     // MARK: errors

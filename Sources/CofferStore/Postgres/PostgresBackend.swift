@@ -37,6 +37,12 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// Whether no other mount held a lease at the last group begin (`CoherentBackend.isAlone`).
     let alone = Atomic<Bool>(false)
     public var isAlone: Bool { alone.load(ordering: .acquiring) }
+    /// This mount holds the sole lock: no other mount has a lease row, and one that comes waits until this
+    /// is false again (`join`). Its opens then need not look at the server's state (`committedState`).
+    let sole = Atomic<Bool>(false)
+    public var isSole: Bool { sole.load(ordering: .acquiring) }
+    /// `join` ran: only then may the listener take the sole lock (a mount's own join must not wait for it).
+    let joined = Atomic<Bool>(false)
     /// When another mount last asked for the writer lock (`othersWaiting`).
     let lastAsked = Mutex<ContinuousClock.Instant?>(nil)
     /// A request counts for the open group when heard after it began, or just before: the asker may
@@ -178,6 +184,13 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// Nothing to set up: the session was set up at connect.
     public func startWriting() throws(StoreError) {}
 
+    /// Round trips made on the writer so far (tests).
+    var writerRoundTrips: Int {
+        writerLock.lock()
+        defer { writerLock.unlock() }
+        return writer.roundTrips
+    }
+
     /// The connections for committed content (opened on first use, with the writer's bounded wait).
     func readerPool() throws(StoreError) -> PGPool {
         try readers.withLock { (pool: inout PGPool?) throws(StoreError) -> PGPool in
@@ -212,12 +225,36 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
         listener.withLock { l in
             guard l == nil, !closed.load(ordering: .acquiring) else { return }
             l = PostgresListener(
-                conninfo: location.conninfo, channel: sql.channel, ignoring: fenceHolder ?? "", heard: heard,
+                conninfo: location.conninfo, sql: sql, ignoring: fenceHolder ?? "",
+                sole: { [weak self] in self?.sole.store($0, ordering: .releasing) },
+                joined: { [weak self] in self?.joined.load(ordering: .acquiring) ?? false }, heard: heard,
                 wanted: { [weak self] in
                     self?.lastAsked.withLock { $0 = .now }
                     wanted()
                 })
         }
+    }
+
+    /// Announces this mount (a notification) and waits until every mount alone has heard it and let go of
+    /// the sole lock (taking it exclusively, on a connection of its own, then closing that); from then on
+    /// they look at the server's state at every open. Fails after a lease's duration: a mount alone that
+    /// does not answer (a stopped process; a vanished machine's session ends sooner, by keepalives).
+    /// Only a mount with a lease joins (and may later be alone itself).
+    public func join() throws(StoreError) {
+        guard coherent, let holder = fenceHolder, !joined.load(ordering: .acquiring) else { return }
+        do {
+            let c = try PGConnection(location.conninfo)
+            defer { c.close() }
+            try c.execute(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.joinPrefix + holder)])
+            try c.execute("SET lock_timeout = '\(PostgresLease.duration)s'")
+            try c.execute(sql.joinLock, [.text(sql.schema)])
+        } catch {
+            if error.sqlState == SQLState("55P03") {
+                throw .unavailable("another mount of this container did not answer within \(PostgresLease.duration) s (a stopped process?)")
+            }
+            throw .postgres(error)
+        }
+        joined.store(true, ordering: .releasing)
     }
 
     /// The space the schema's tables take on the server, indexes and TOAST included.

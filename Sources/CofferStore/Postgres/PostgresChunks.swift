@@ -57,7 +57,10 @@ extension PostgresBackend {
 
     /// Several chunks of one file in one round trip (a pipeline of prepared upserts). A small write
     /// (a small file's one chunk, a log line) is queued and goes with the next round trip, as record
-    /// puts do; a streaming one goes at once, so queued chunks never hold more than `queuedChunkLimit`.
+    /// puts do; a streaming one is sent at once, so queued chunks never hold more than `queuedChunkLimit`,
+    /// and its answers are read by the next statement (`PGConnection.send`): the server stores these
+    /// chunks while the next ones are written and sealed. A failure drops the group there, as a queued
+    /// write's does (fsync then reports EIO).
     public func putChunks(file: UInt64, _ chunks: [(index: UInt64, sealed: [UInt8])]) throws(StoreError) {
         guard !chunks.isEmpty else { return }
         let total = chunks.reduce(0) { $0 + $1.sealed.count }
@@ -68,11 +71,7 @@ extension PostgresBackend {
             return
         }
         try write(bytes: total, file: file) { c in
-            if chunks.count == 1 {
-                try c.execute(sql.putChunk, [Self.id(file), Self.id(chunks[0].index), .bytea(chunks[0].sealed)], prepared: true)
-            } else {
-                _ = try c.pipeline(chunks.map { PGStatement(sql.putChunk, [Self.id(file), Self.id($0.index), .bytea($0.sealed)], prepared: true) })
-            }
+            try c.send(chunks.map { PGStatement(sql.putChunk, [Self.id(file), Self.id($0.index), .bytea($0.sealed)], prepared: true) })
         }
     }
 

@@ -107,6 +107,20 @@ struct PostgresSQL: Sendable {
     static let notify = "SELECT pg_notify($1, $2)"
     /// The advisory lock space of Coffer's writer locks ("COFF").
     static let lockSpace: Int32 = 0x434F_4646
+
+    // A mount alone (docs/FORMAT.md, "A mount alone"): its listener holds the container's sole lock shared
+    // (a session lock: a lost connection releases it) while no other mount has a lease row; a mount that
+    // joins announces itself (`joinPrefix`), then takes the lock exclusively, so it goes on only once every
+    // mount alone has heard it and let go.
+    var trySoleLock: String { "SELECT pg_try_advisory_lock_shared(\(Self.soleSpace), hashtext($1))" }
+    var soleUnlock: String { "SELECT pg_advisory_unlock_shared(\(Self.soleSpace), hashtext($1))" }
+    var joinLock: String { "SELECT pg_advisory_lock(\(Self.soleSpace), hashtext($1))" }
+    /// Lease rows of others, lapsed or not (a lapsed one may still commit after renewing it).
+    var otherLeases: String { "SELECT count(*) FROM \(q).leases WHERE holder <> $1" }
+    /// A notification whose payload starts with this is a mount joining (the rest names it).
+    static let joinPrefix = "+"
+    /// The advisory lock space of the sole lock ("COFS").
+    static let soleSpace: Int32 = 0x434F_4653
     /// The channel a container's commits are announced on (at most 63 bytes: a longer schema name
     /// shares it with others of the same first 56 bytes, which costs them a needless reread only).
     var channel: String { "coffer:" + String(decoding: Array(schema.utf8.prefix(56)), as: UTF8.self) }

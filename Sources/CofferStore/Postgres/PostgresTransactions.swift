@@ -70,7 +70,9 @@ extension PostgresBackend {
     }
 
     public func committedState() throws(StoreError) -> [UInt8]? {
-        try onWriter { () throws(StoreError) -> [UInt8]? in
+        // Alone: nobody else can have committed (a mount that joins waits until this flag is down).
+        if sole.load(ordering: .acquiring) { return nil }
+        return try onWriter { () throws(StoreError) -> [UInt8]? in
             if pending.withLock({ $0.since != nil }) { return nil }
             // Each pipeline is one implicit transaction: the lock holds until its end, and the state is
             // read in a snapshot taken after the lock was granted.
