@@ -50,6 +50,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     var inodes: [InodeNumber: InodeState] = [:]
     /// Coherent mounts: names read from the store, for LOOKUPs (EntryCache.swift). Under meta.
     var entryCache = EntryCache()
+    /// Coherent mounts (a server's store): chunks fetched ahead of a reader going through a file in order.
+    let readAhead: ReadAhead?
     /// Unlinked inodes the kernel is done with, whose rows are still in the store
     /// (Reaping.swift). Under meta.
     var dying: [InodeNumber: InodeState] = [:]
@@ -94,6 +96,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         self.options = options
         self.logger = logger
         self.statfsPath = statfsPath
+        readAhead =
+            options.coherent
+            ? ReadAhead { [store] content, first, last in (try? store.committedChunks(file: content, first: first, last: last)) ?? nil } : nil
         guard (try? store.inode(EntityStore.rootInode)) != nil else {
             logger.error("the root directory is missing or damaged")
             throw .io

@@ -91,8 +91,8 @@ extension CofferFileSystem {
             return try state(ino)
         }
         return try s.content.withReadLock { () throws(FSError) -> ChunkRead in
-            let (content, start, count) = try meta.withLock { () throws(FSError) -> (FileContent?, UInt64, Int) in
-                guard offset < s.record.size, size > 0 else { return (nil, offset, 0) }
+            let (content, start, count, fileSize) = try meta.withLock { () throws(FSError) -> (FileContent?, UInt64, Int, UInt64) in
+                guard offset < s.record.size, size > 0 else { return (nil, offset, 0, 0) }
                 let cs = UInt64(chunkSize)
                 var start = offset, end = offset + min(UInt64(size), s.record.size - offset)
                 if let tail = s.tail, (end - 1) / cs >= tail.index {
@@ -102,10 +102,16 @@ extension CofferFileSystem {
                     end = min(s.record.size, (end - 1) / cs * cs + cs)
                 }
                 let count = Int(end - start)
-                return (try fileContent(s, offset: start, count: count), start, count)
+                return (try fileContent(s, offset: start, count: count), start, count, s.record.size)
             }
             guard let content else { return ChunkRead(start: offset, bytes: []) }
-            do throws(FSError) { return ChunkRead(start: start, bytes: try readRange(content, offset: start, count: count)) } catch {
+            do throws(FSError) {
+                let bytes = try readRange(content, offset: start, count: count)
+                let cs = UInt64(chunkSize)
+                readAhead?.didRead(
+                    content: content.id, first: start / cs, last: (start + UInt64(count) - 1) / cs, count: (fileSize + cs - 1) / cs)
+                return ChunkRead(start: start, bytes: bytes)
+            } catch {
                 if error == .io { meta.withLock { logDamagedPath(ino) } }
                 throw error
             }
@@ -145,9 +151,11 @@ extension CofferFileSystem {
         var scratch: [UInt8] = []
         var seen = 0
         let store = self.store
+        // Chunks fetched ahead (ReadAhead) serve the read when they are all the map names; else the store does.
+        let held = readAhead.flatMap { Self.heldChunks($0.take(content: c.id, first: first, last: last), c, first, last) }
         do {
             try output.withUnsafeMutableBytes { out in
-                try store.forEachChunk(file: c.id, first: first, last: last) { index, sealed in
+                func place(_ index: UInt64, _ sealed: UnsafeRawBufferPointer) throws {
                     let expected = index >= c.first && index - c.first < UInt64(c.tags.count) ? c.tags[Int(index - c.first)] : .hole
                     guard !expected.isHole, ChunkTag(sealed: sealed) == expected else {
                         throw StoreError.authenticationFailed(
@@ -172,6 +180,11 @@ extension CofferFileSystem {
                         dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: src[Int(from - start)..<Int(to - start)]))
                     }
                 }
+                if let held {
+                    for (index, sealed) in held { try sealed.withUnsafeBytes { try place(index, $0) } }
+                } else {
+                    try store.forEachChunk(file: c.id, first: first, last: last, place)
+                }
             }
             let wanted = (first...last).reduce(0) { n, i in
                 let k = i >= c.first && i - c.first < UInt64(c.tags.count) ? c.tags[Int(i - c.first)] : .hole
@@ -183,6 +196,20 @@ extension CofferFileSystem {
             }
         } catch { throw fsError(error, "inode \(c.ino), content \(c.id)") }
         return output
+    }
+
+    /// The chunks of `first...last` from `held`, in order, when it has every one the map names there
+    /// with the tag the map names (a chunk changed since it was fetched is not used); nil otherwise.
+    static func heldChunks(_ held: [UInt64: [UInt8]], _ c: FileContent, _ first: UInt64, _ last: UInt64) -> [(UInt64, [UInt8])]? {
+        guard !held.isEmpty else { return nil }
+        var chunks: [(UInt64, [UInt8])] = []
+        for index in first...last {
+            let expected = index >= c.first && index - c.first < UInt64(c.tags.count) ? c.tags[Int(index - c.first)] : .hole
+            if expected.isHole { continue }
+            guard let sealed = held[index], sealed.withUnsafeBytes({ ChunkTag(sealed: $0) }) == expected else { return nil }
+            chunks.append((index, sealed))
+        }
+        return chunks
     }
 
     // MARK: Writing

@@ -220,6 +220,10 @@ public final class EntityStore: @unchecked Sendable {
         try commit(durable: false)
     }
 
+    /// This mount's lease had lapsed and was taken again: it announces itself again before its next group
+    /// (`CoherentBackend.rejoin`), since a mount alone may meanwhile have started trusting that it is.
+    public func rejoin() { (backend as? CoherentBackend)?.rejoin() }
+
     /// Looks at the state committed on the server now (one round trip) and reports, through
     /// `onForeignChange`, a change since this mount last looked. True when there was one.
     @discardableResult
@@ -420,6 +424,13 @@ public final class EntityStore: @unchecked Sendable {
         do { return ContentCipher(contentId: contentId, aead: try keys.fileCipher(contentId: contentId)) } catch {
             throw .sealingFailed("deriving a file key: \(error)")
         }
+    }
+
+    /// Sealed chunks `first...last` of a file as committed, fetched ahead of a reader: nil on an engine
+    /// that reads in process (nothing to gain) or for a file with changes in the open group.
+    public func committedChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> [(index: UInt64, sealed: [UInt8])]? {
+        guard let backend = backend as? CoherentBackend else { return nil }
+        return try backend.committedChunks(file: file, first: first, last: last)
     }
 
     /// Calls `body` with each stored chunk `first...last` of a file, in index order, with the sealed

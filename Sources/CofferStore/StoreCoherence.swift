@@ -26,9 +26,15 @@ public protocol CoherentBackend: StoreBackend {
     /// No other mount has a lease, and one that comes waits until this mount knows (`join`): what is
     /// committed is what this mount committed, so `committedState` needs no round trip.
     var isSole: Bool { get }
+    /// Sealed chunks `first...last` of a file as committed, for reading ahead of a reader (on a
+    /// connection of their own, concurrently with other reads); nil when the file has changes in this
+    /// mount's open group (those are read through the group).
+    func committedChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> [(index: UInt64, sealed: [UInt8])]?
     /// Announces a new mount and waits until every mount alone has heard it (`isSole` false there).
     /// Before this mount writes anything; afterwards it may become alone itself.
     func join() throws(StoreError)
+    /// This mount's lease was taken again after it lapsed: it joins again before its next group.
+    func rejoin()
     /// Another mount waits for the writer lock (it asked since this mount's last commit): a group open
     /// here should end soon. Groups span several changes, on any number of mounts; this is what keeps
     /// one from holding the others up for longer than a short slice.

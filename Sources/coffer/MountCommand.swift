@@ -194,6 +194,7 @@ struct MountCommand: ParsableCommand {
             let shared = c.isShared
             if shared {
                 store.shareWithOtherMounts(floor: min(seen, store.generation))
+                lock.lease?.onRetaken = { [weak store] in store?.rejoin() }
                 fsOptions.coherent = true
                 // A group another mount began while it was alone ends before this mount reads anything.
                 try store.awaitOtherGroups()

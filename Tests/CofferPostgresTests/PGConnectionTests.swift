@@ -96,6 +96,17 @@ import Testing
         try c.settle()  // nothing left: a no-op
         #expect(c.isAlive)
         #expect(try count(c, t) == 5)
+        // `send` does not wait for the server to run the batch: here the batch waits for a row lock that
+        // this thread lets go only after `send` returned (were it waited for, the lock would time out).
+        let other = try PGConnection(try Shared.cluster().superuserURI)
+        defer { other.close() }
+        try other.execute("BEGIN")
+        try other.execute("UPDATE \(t) SET v = 'a'::bytea WHERE id = 6")
+        try c.execute("SET lock_timeout = '5s'")
+        try c.send([PGStatement("UPDATE \(t) SET v = 'b'::bytea WHERE id = 6")])
+        try other.execute("COMMIT")
+        try c.settle()
+        #expect(try c.execute("SELECT v FROM \(t) WHERE id = 6").bytes(0, 0) == Array("b".utf8))
     }
 
     /// An int8[] parameter in binary: `= ANY($1)` finds exactly the listed ids, none for an empty array.

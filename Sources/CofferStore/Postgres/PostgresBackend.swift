@@ -37,11 +37,16 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// Whether no other mount held a lease at the last group begin (`CoherentBackend.isAlone`).
     let alone = Atomic<Bool>(false)
     public var isAlone: Bool { alone.load(ordering: .acquiring) }
-    /// This mount holds the sole lock: no other mount has a lease row, and one that comes waits until this
-    /// is false again (`join`). Its opens then need not look at the server's state (`committedState`).
-    let sole = Atomic<Bool>(false)
-    public var isSole: Bool { sole.load(ordering: .acquiring) }
-    /// `join` ran: only then may the listener take the sole lock (a mount's own join must not wait for it).
+    /// When the listener last knew this mount held the sole lock with no other mount's lease row (nil: it
+    /// does not). A mount that comes waits until the listener let go (`join`); one cut off from the server
+    /// stops being told, and its session (and lock) ends on the server only after about 11 s of silence.
+    let soleConfirmed = Mutex<ContinuousClock.Instant?>(nil)
+    /// Well under the 11 s after which the server ends a silent session (and lets a newcomer in).
+    static let soleValidity: Duration = .seconds(3)
+    /// Alone, as confirmed lately: opens need not look at the server's state (`committedState`).
+    public var isSole: Bool { soleConfirmed.withLock { $0.map { ContinuousClock.now - $0 < Self.soleValidity } ?? false } }
+    /// `join` ran (and the lease was not taken again since, `rejoin`): only then may the listener take the
+    /// sole lock (a mount's own join must not wait for it).
     let joined = Atomic<Bool>(false)
     /// When another mount last asked for the writer lock (`othersWaiting`).
     let lastAsked = Mutex<ContinuousClock.Instant?>(nil)
@@ -226,7 +231,7 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             guard l == nil, !closed.load(ordering: .acquiring) else { return }
             l = PostgresListener(
                 conninfo: location.conninfo, sql: sql, ignoring: fenceHolder ?? "",
-                sole: { [weak self] in self?.sole.store($0, ordering: .releasing) },
+                sole: { [weak self] at in self?.soleConfirmed.withLock { $0 = at } },
                 joined: { [weak self] in self?.joined.load(ordering: .acquiring) ?? false }, heard: heard,
                 wanted: { [weak self] in
                     self?.lastAsked.withLock { $0 = .now }
@@ -237,7 +242,7 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
 
     /// Announces this mount (a notification) and waits until every mount alone has heard it and let go of
     /// the sole lock (taking it exclusively, on a connection of its own, then closing that); from then on
-    /// they look at the server's state at every open. Fails after a lease's duration: a mount alone that
+    /// they look at the server's state at every open. Fails after half a lease: a mount alone that
     /// does not answer (a stopped process; a vanished machine's session ends sooner, by keepalives).
     /// Only a mount with a lease joins (and may later be alone itself).
     public func join() throws(StoreError) {
@@ -246,15 +251,24 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             let c = try PGConnection(location.conninfo)
             defer { c.close() }
             try c.execute(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.joinPrefix + holder)])
-            try c.execute("SET lock_timeout = '\(PostgresLease.duration)s'")
+            // Half a lease: this mount's own lease is renewed only once it mounted.
+            try c.execute("SET lock_timeout = '\(Self.joinWait)s'")
             try c.execute(sql.joinLock, [.text(sql.schema)])
         } catch {
             if error.sqlState == SQLState("55P03") {
-                throw .unavailable("another mount of this container did not answer within \(PostgresLease.duration) s (a stopped process?)")
+                throw .unavailable("another mount of this container did not answer within \(Self.joinWait) s (a stopped process?)")
             }
             throw .postgres(error)
         }
         joined.store(true, ordering: .releasing)
+    }
+
+    static var joinWait: Int { max(1, PostgresLease.duration / 2) }
+
+    /// This mount's lease row was taken again after it lapsed (the mount was cut off from the server
+    /// meanwhile, and a mount alone may have started trusting that it is): the next group joins anew.
+    public func rejoin() {
+        joined.store(false, ordering: .releasing)
     }
 
     /// The space the schema's tables take on the server, indexes and TOAST included.

@@ -17,6 +17,15 @@ extension PostgresBackend {
         }
     }
 
+    public func committedChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> [(index: UInt64, sealed: [UInt8])]? {
+        if !readOnly, pending.withLock({ $0.dirtyFiles.contains(file) }) { return nil }
+        var chunks: [(index: UInt64, sealed: [UInt8])] = []
+        do {
+            try forEachChunk(file: file, first: first, last: last) { index, sealed in chunks.append((index, Array(sealed))) }
+        } catch let e as StoreError { throw e } catch { throw .database("\(error)") }
+        return chunks
+    }
+
     public func forEachChunkRow(file: UInt64, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
         try forEachChunkPage(file: file, first: Int64.min, last: Int64.max, body) { params throws(StoreError) in
             try read { try $0.execute(sql.chunkRange, params, prepared: true) }

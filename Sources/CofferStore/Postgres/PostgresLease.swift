@@ -53,6 +53,9 @@ public final class PostgresLease: @unchecked Sendable {
         sql = PostgresSQL(schema: location.container)
     }
 
+    /// Called when `renew` had to take the lease again (the mount joins again: `PostgresBackend.rejoin`).
+    public var onRetaken: (@Sendable () -> Void)?
+
     /// Other live mounts when this lease was taken (a mount alone removes what crashed mounts left).
     public private(set) var othersAtStart = 0
 
@@ -133,8 +136,9 @@ public final class PostgresLease: @unchecked Sendable {
             if !connection.isAlive { try connection.reconnect(within: 1) }
             if try connection.execute(sql.renewLease, [.text(me.holder), .int4(Int32(clamping: Self.duration))]).affectedRows == 1 { return }
             // The row lapsed and was removed (this machine was cut off longer than the lease): take it
-            // again unless an fsck holds the container now.
+            // again unless an fsck holds the container now, and have the mount announce itself again.
             if let h = try acquire() { throw Failure.held(h) }
+            onRetaken?()
         } catch let f as Failure { throw f } catch { throw .unavailable("\(error)") }
     }
 

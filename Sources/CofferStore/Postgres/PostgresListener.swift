@@ -10,11 +10,15 @@ import Synchronization
 final class PostgresListener: @unchecked Sendable {
     private let stopped = Atomic<Bool>(false)
 
-    /// `sole`: told true while this listener holds the sole lock (no other mount has a lease row; docs/FORMAT.md,
-    /// "A mount alone"), tried once `joined` says so and then every second while not held; told false before
-    /// the lock is let go: when a mount joins, another mount's commit is heard, or the connection is lost.
+    /// `sole`: told the instant this listener last knew it held the sole lock with no other mount's lease
+    /// row (docs/FORMAT.md, "A mount alone"; the instant its check was sent), or nil once it may not. The
+    /// lock is tried once `joined` says so, then every second while not held; while held, the lease rows are
+    /// counted again every second (a mount cut off from the server stops being told, so it stops trusting
+    /// the lock within `PostgresBackend.soleValidity`). Nil is told before the lock is let go: when a mount
+    /// joins, another mount's commit is heard, a lease row appears, or the connection is lost.
     init(
-        conninfo: String, sql: PostgresSQL, ignoring me: String, sole: @escaping @Sendable (Bool) -> Void, joined: @escaping @Sendable () -> Bool,
+        conninfo: String, sql: PostgresSQL, ignoring me: String,
+        sole: @escaping @Sendable (ContinuousClock.Instant?) -> Void, joined: @escaping @Sendable () -> Bool,
         heard: @escaping @Sendable () -> Void, wanted: @escaping @Sendable () -> Void
     ) {
         let myWant = PostgresSQL.wantPrefix + me, myJoin = PostgresSQL.joinPrefix + me
@@ -24,6 +28,20 @@ final class PostgresListener: @unchecked Sendable {
             var first = true
             var holdsSole = false
             var nextTry = ContinuousClock.now
+            /// Tells `heard` and `wanted`; true when the payloads say this mount is not alone (any more).
+            func handle(_ payloads: [String]) -> Bool {
+                let joining = payloads.contains { $0.hasPrefix(PostgresSQL.joinPrefix) && $0 != myJoin }
+                let committed = payloads.contains { !$0.hasPrefix(PostgresSQL.wantPrefix) && !$0.hasPrefix(PostgresSQL.joinPrefix) && $0 != me }
+                if payloads.contains(where: { $0.hasPrefix(PostgresSQL.wantPrefix) && $0 != myWant }) { wanted() }
+                if committed { heard() }
+                return joining || committed
+            }
+            func letGo(_ c: PGConnection) throws {
+                sole(nil)  // before the lock goes: a mount that joins must find this mount checking again
+                if holdsSole { _ = try c.execute(sql.soleUnlock, schema) }
+                holdsSole = false
+                nextTry = .now + .seconds(1)
+            }
             while !stopped.load(ordering: .acquiring) {
                 do {
                     let c: PGConnection
@@ -42,33 +60,24 @@ final class PostgresListener: @unchecked Sendable {
                         first = false
                     }
                     // A short wait, so that `stop` is seen soon.
-                    let payloads = try c.notifications(timeout: 0.25)
-                    let joining = payloads.contains { $0.hasPrefix(PostgresSQL.joinPrefix) && $0 != myJoin }
-                    let committed = payloads.contains {
-                        !$0.hasPrefix(PostgresSQL.wantPrefix) && !$0.hasPrefix(PostgresSQL.joinPrefix) && $0 != me
-                    }
-                    if joining || committed {
-                        sole(false)  // before the lock goes: see `PostgresBackend.isSole`
-                        if holdsSole { _ = try c.execute(sql.soleUnlock, schema) }
-                        holdsSole = false
-                        nextTry = .now + .seconds(1)
-                    }
-                    if payloads.contains(where: { $0.hasPrefix(PostgresSQL.wantPrefix) && $0 != myWant }) { wanted() }
-                    if committed { heard() }
-                    if !holdsSole, joined(), ContinuousClock.now >= nextTry {
-                        nextTry = .now + .seconds(1)
+                    if handle(try c.notifications(timeout: 0.25)) || (holdsSole && !joined()) { try letGo(c) }
+                    guard joined(), ContinuousClock.now >= nextTry else { continue }
+                    nextTry = .now + .seconds(1)
+                    let sent = ContinuousClock.now
+                    var others: Int64?
+                    if holdsSole {
+                        others = try c.execute(sql.otherLeases, [.text(me)]).int64(0, 0)
+                    } else {
                         let r = try c.pipeline([PGStatement(sql.trySoleLock, schema), PGStatement(sql.otherLeases, [.text(me)])])
-                        if r.count == 2, try r[0].bool(0, 0) == true {
-                            if try r[1].int64(0, 0) == 0 {
-                                holdsSole = true
-                                sole(true)
-                            } else {
-                                _ = try c.execute(sql.soleUnlock, schema)
-                            }
-                        }
+                        guard r.count == 2, try r[0].bool(0, 0) == true else { continue }
+                        holdsSole = true
+                        others = try r[1].int64(0, 0)
                     }
+                    // What was heard while the count ran (a commit just before its mount left) counts too.
+                    let notAlone = handle(try c.notifications(timeout: 0))
+                    if others == 0 && !notAlone { sole(sent) } else { try letGo(c) }
                 } catch {
-                    sole(false)
+                    sole(nil)
                     holdsSole = false
                     connection?.close()
                     connection = nil
@@ -76,7 +85,7 @@ final class PostgresListener: @unchecked Sendable {
                     Thread.sleep(forTimeInterval: 0.5)
                 }
             }
-            sole(false)
+            sole(nil)
             connection?.close()
         }
         thread.name = "coffer-listen"

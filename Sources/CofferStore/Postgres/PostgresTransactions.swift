@@ -70,8 +70,8 @@ extension PostgresBackend {
     }
 
     public func committedState() throws(StoreError) -> [UInt8]? {
-        // Alone: nobody else can have committed (a mount that joins waits until this flag is down).
-        if sole.load(ordering: .acquiring) { return nil }
+        // Alone: nobody else can have committed (a mount that joins waits until this is false).
+        if isSole { return nil }
         return try onWriter { () throws(StoreError) -> [UInt8]? in
             if pending.withLock({ $0.since != nil }) { return nil }
             // Each pipeline is one implicit transaction: the lock holds until its end, and the state is
@@ -104,6 +104,8 @@ extension PostgresBackend {
             pending.withLock { $0.since = .now }
             return
         }
+        // A mount whose lease was taken again (`rejoin`) announces itself before it may commit.
+        if fenceHolder != nil, !joined.load(ordering: .acquiring) { try join() }
         let state: [UInt8]?, mounts: Int64
         do {
             (state, mounts) = try idle { c in
