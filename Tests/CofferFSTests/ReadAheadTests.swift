@@ -27,7 +27,7 @@ struct ReadAheadTests {
         #expect(seen.ranges.withLock { $0 }.isEmpty, "a first read says nothing about the next")
         ahead.didRead(content: 7, first: 4, last: 7, count: 1000)
         ahead.settle()
-        #expect(seen.ranges.withLock { $0 } == [8...23, 24...39], "a window of 32 chunks in two parts")
+        #expect(seen.ranges.withLock { $0 }.sorted { $0.lowerBound < $1.lowerBound } == [8...23, 24...39], "a window of 32 chunks in two parts")
         let taken = ahead.take(content: 7, first: 8, last: 11)
         #expect(taken.keys.sorted() == [8, 9, 10, 11] && taken[9] == [UInt8](repeating: 9, count: 100))
         #expect(ahead.take(content: 7, first: 8, last: 11).isEmpty, "handed out once")
