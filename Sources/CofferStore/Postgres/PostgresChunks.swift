@@ -8,7 +8,14 @@ extension PostgresBackend {
 
     public func forEachChunk(file: UInt64, first: UInt64, last: UInt64, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
         let dirty = readOnly ? false : pending.withLock { $0.dirtyFiles.contains(file) }
-        let pool = dirty ? nil : try readerPool()
+        try forEachChunk(file: file, first: first, last: last, throughGroup: dirty, body)
+    }
+
+    /// Through the writer (in the open group) or, for committed rows, through the reader pool.
+    private func forEachChunk(
+        file: UInt64, first: UInt64, last: UInt64, throughGroup: Bool, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void
+    ) throws {
+        let pool = throughGroup ? nil : try readerPool()
         try forEachChunkPage(file: file, first: Int64(bitPattern: first), last: Int64(bitPattern: last), body) { params throws(StoreError) in
             guard let pool else { return try read { try $0.execute(sql.chunkRange, params, prepared: true) } }
             do {
@@ -21,7 +28,9 @@ extension PostgresBackend {
         if !readOnly, pending.withLock({ $0.dirtyFiles.contains(file) }) { return nil }
         var chunks: [(index: UInt64, sealed: [UInt8])] = []
         do {
-            try forEachChunk(file: file, first: first, last: last) { index, sealed in chunks.append((index, Array(sealed))) }
+            // Never through the writer, even if the file changes meanwhile (what comes is then a miss):
+            // a reader waiting for this fetch may hold what a thread holding the writer waits for.
+            try forEachChunk(file: file, first: first, last: last, throughGroup: false) { index, sealed in chunks.append((index, Array(sealed))) }
         } catch let e as StoreError { throw e } catch { throw .database("\(error)") }
         return chunks
     }
