@@ -126,6 +126,11 @@ extension CofferFileSystem {
         let cipher: ContentCipher
         let first: UInt64
         let tags: [ChunkTag]
+
+        /// The tag the map names for chunk `index` (a hole outside the range read).
+        func tag(_ index: UInt64) -> ChunkTag {
+            index >= first && index - first < UInt64(tags.count) ? tags[Int(index - first)] : .hole
+        }
     }
 
     func fileContent(_ s: InodeState, offset: UInt64, count: Int) throws(FSError) -> FileContent {
@@ -156,7 +161,7 @@ extension CofferFileSystem {
         do {
             try output.withUnsafeMutableBytes { out in
                 func place(_ index: UInt64, _ sealed: UnsafeRawBufferPointer) throws {
-                    let expected = index >= c.first && index - c.first < UInt64(c.tags.count) ? c.tags[Int(index - c.first)] : .hole
+                    let expected = c.tag(index)
                     guard !expected.isHole, ChunkTag(sealed: sealed) == expected else {
                         throw StoreError.authenticationFailed(
                             kind: .contentChunk,
@@ -186,10 +191,7 @@ extension CofferFileSystem {
                     try store.forEachChunk(file: c.id, first: first, last: last, place)
                 }
             }
-            let wanted = (first...last).reduce(0) { n, i in
-                let k = i >= c.first && i - c.first < UInt64(c.tags.count) ? c.tags[Int(i - c.first)] : .hole
-                return k.isHole ? n : n + 1
-            }
+            let wanted = (first...last).reduce(0) { n, i in c.tag(i).isHole ? n : n + 1 }
             if seen != wanted {
                 throw StoreError.authenticationFailed(
                     kind: .contentChunk, entity: "\(wanted - seen) chunk(s) of content \(c.id) (deleted from the container)")
@@ -204,7 +206,7 @@ extension CofferFileSystem {
         guard !held.isEmpty else { return nil }
         var chunks: [(UInt64, [UInt8])] = []
         for index in first...last {
-            let expected = index >= c.first && index - c.first < UInt64(c.tags.count) ? c.tags[Int(index - c.first)] : .hole
+            let expected = c.tag(index)
             if expected.isHole { continue }
             guard let sealed = held[index], sealed.withUnsafeBytes({ ChunkTag(sealed: $0) }) == expected else { return nil }
             chunks.append((index, sealed))

@@ -58,14 +58,25 @@ struct ReadAheadTests {
         }
     }
 
-    /// Over a real server: a file read in order comes back exact, served mostly from chunks fetched ahead,
-    /// and a chunk rewritten after it was fetched is read as it is now, not as it was fetched.
-    @Test func aFileReadInOrderOverAServerIsExactAndAChunkChangedSinceIsReadAnew() throws {
-        let cs = 32768
-        let dir = try makeTempDir()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let made = try TestStore.create(.postgres, in: dir, name: SQLiteBackend.fileName, chunkSize: cs)
-        func mount() throws -> CofferFileSystem {
+    /// A file written whole and committed over a real server, then a coherent filesystem on it (a mount).
+    private struct Served {
+        let made: TestStore, dir: String, ino: InodeNumber, contentId: UInt64, model: [UInt8]
+        static let cs = 32768
+        init(chunks: Int, seed: UInt64) throws {
+            let dir = try makeTempDir()
+            let made = try TestStore.create(.postgres, in: dir, name: SQLiteBackend.fileName, chunkSize: Self.cs)
+            var g = SplitMix64(seed: seed)
+            let model = g.bytes(chunks * Self.cs)
+            let fs = try Self.mount(made, dir)
+            defer { fs.shutdown() }
+            let ino = try fs.create(parent: root, name: Array("f".utf8), mode: 0o644, flags: O_RDWR, caller: caller).0.ino
+            _ = try model.withUnsafeBytes { try fs.write(ino, handle: .none, offset: 0, data: $0) }
+            try fs.commit()
+            (self.dir, self.made, self.model, self.ino) = (dir, made, model, ino)
+            contentId = try required(fs.inodes[ino]?.record.contentId)
+        }
+        func mount() throws -> CofferFileSystem { try Self.mount(made, dir) }
+        private static func mount(_ made: TestStore, _ dir: String) throws -> CofferFileSystem {
             let store = try made.open()
             try #require(store.backend as? PostgresBackend).coherent = true
             store.shareWithOtherMounts(floor: 0)
@@ -73,15 +84,38 @@ struct ReadAheadTests {
             options.coherent = true
             return try CofferFileSystem(store: store, chunkSize: cs, options: options, statfsPath: dir, logger: Logger(label: "test"))
         }
-        var g = SplitMix64(seed: 0xA4EAD)
-        var model = g.bytes(96 * cs)
-        var fs = try mount()
-        let ino = try fs.create(parent: root, name: Array("f".utf8), mode: 0o644, flags: O_RDWR, caller: caller).0.ino
-        _ = try model.withUnsafeBytes { try fs.write(ino, handle: .none, offset: 0, data: $0) }
-        try fs.commit()
-        fs.shutdown()
+    }
 
-        fs = try mount()
+    /// A chunk the server changed (a byte flipped, its tag left alone) is fetched ahead like any other and
+    /// still fails to open: the read that reaches it is EIO, never other bytes, and the rest reads exact.
+    @Test func aDamagedChunkFetchedAheadIsEIOAndTheRestReads() throws {
+        let served = try Served(chunks: 32, seed: 0xDA4A6E)
+        defer { try? FileManager.default.removeItem(atPath: served.dir) }
+        let schema = PostgresIdentifier.quoted(try required(served.made.location).container)
+        let file = Int64(bitPattern: served.contentId)
+        try TestPostgres.cluster().psql(
+            "UPDATE \(schema).chunks SET value = set_byte(value, 100, get_byte(value, 100) # 1) WHERE file = \(file) AND idx = 20")
+        let fs = try served.mount()
+        defer { fs.shutdown() }
+        let step = 4 * Served.cs
+        for offset in stride(from: 0, to: served.model.count, by: step) {
+            if (offset / Served.cs...(offset + step) / Served.cs - 1).contains(20) {
+                #expect(fsError { _ = try fs.read(served.ino, handle: .none, offset: UInt64(offset), size: step) } == .io)
+            } else {
+                #expect(try fs.read(served.ino, handle: .none, offset: UInt64(offset), size: step) == Array(served.model[offset..<offset + step]))
+            }
+        }
+        #expect(try required(fs.readAhead).chunksTaken > 0, "the damaged chunk's neighbours came from reading ahead")
+    }
+
+    /// Over a real server: a file read in order comes back exact, served mostly from chunks fetched ahead,
+    /// and a chunk rewritten after it was fetched is read as it is now, not as it was fetched.
+    @Test func aFileReadInOrderOverAServerIsExactAndAChunkChangedSinceIsReadAnew() throws {
+        let served = try Served(chunks: 96, seed: 0xA4EAD)
+        defer { try? FileManager.default.removeItem(atPath: served.dir) }
+        let cs = Served.cs, ino = served.ino
+        var model = served.model, g = SplitMix64(seed: 0xF4E54)
+        let fs = try served.mount()
         defer { fs.shutdown() }
         let ahead = try #require(fs.readAhead)
         let step = 4 * cs  // the kernel's 128 KiB

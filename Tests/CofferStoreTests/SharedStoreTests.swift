@@ -120,6 +120,31 @@ struct SharedStoreTests {
         #expect(!backendA.isSole && !backendB.isSole, "neither is alone while both have leases")
     }
 
+    /// A mount alone that does not let go of the sole lock (a stopped process; here a session holding it)
+    /// keeps a newcomer out for `joinWait` seconds, then the newcomer fails saying why; once the lock is
+    /// gone it joins.
+    @Test func aJoinNoMountAloneAnswersFailsSayingWhy() throws {
+        let made = try TestStore.create(.postgres, in: "")
+        let location = try #require(made.location)
+        let stuck = try PGConnection(location.conninfo)
+        defer { stuck.close() }
+        try stuck.execute("SELECT pg_advisory_lock_shared(\(PostgresSQL.soleSpace), hashtext($1))", [.text(location.container)])
+        let lease = try PostgresLease.take(location, purpose: "mount", machine: "join-b")
+        defer { lease.release() }
+        let b = try mountLike(made, holder: lease.me.holder)
+        defer { b.close() }
+        try #require(b.backend as? PostgresBackend).joinWait = 1
+        var failure: StoreError?
+        do { try b.awaitOtherGroups() } catch { failure = error }
+        if case .unavailable(let why)? = failure {
+            #expect(why.contains("did not answer within 1 s"))
+        } else {
+            Issue.record("expected unavailable, got \(String(describing: failure))")
+        }
+        stuck.close()
+        try b.awaitOtherGroups()
+    }
+
     @Test func groupsSeeEachOtherAndGenerationsGrowByOne() throws {
         let made = try TestStore.create(.postgres, in: "")
         let a = try mountLike(made), b = try mountLike(made)

@@ -252,18 +252,19 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             defer { c.close() }
             try c.execute(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.joinPrefix + holder)])
             // Half a lease: this mount's own lease is renewed only once it mounted.
-            try c.execute("SET lock_timeout = '\(Self.joinWait)s'")
+            try c.execute("SET lock_timeout = '\(joinWait)s'")
             try c.execute(sql.joinLock, [.text(sql.schema)])
         } catch {
             if error.sqlState == SQLState("55P03") {
-                throw .unavailable("another mount of this container did not answer within \(Self.joinWait) s (a stopped process?)")
+                throw .unavailable("another mount of this container did not answer within \(joinWait) s (a stopped process?)")
             }
             throw .postgres(error)
         }
         joined.store(true, ordering: .releasing)
     }
 
-    static var joinWait: Int { max(1, PostgresLease.duration / 2) }
+    /// How long `join` waits, in seconds: half a lease (tests shorten it).
+    var joinWait = max(1, PostgresLease.duration / 2)
 
     /// This mount's lease row was taken again after it lapsed (the mount was cut off from the server
     /// meanwhile, and a mount alone may have started trusting that it is): the next group joins anew.
