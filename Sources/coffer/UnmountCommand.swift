@@ -38,7 +38,7 @@ struct UnmountCommand: ParsableCommand {
             }
             // The daemon commits after the kernel lets go; wait for it so "unmounted" means "durable".
             if let pid = daemon, !lazy {
-                for _ in 0..<600 where kill(pid, 0) == 0 { usleep(50_000) }
+                for _ in 0..<600 where kill(pid, 0) == 0 && !Self.hasExited(pid) { usleep(50_000) }
             }
         }
     }
@@ -54,9 +54,42 @@ extension UnmountCommand {
             let args = raw.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
             // Other daemons' paths are compared as text, never looked up: a path on a mount whose daemon is
             // slow or stuck (another container's) would hold this unmount up for as long.
-            return args.count > 3 && args[1] == "mount" && args.contains { lexicalPath($0) == mnt }
-                && args.contains { $0 == "--ready-fd" || $0 == "-f" || $0 == "--foreground" }
+            guard args.count > 3, args[1] == "mount", args.contains(where: { $0 == "--ready-fd" || $0 == "-f" || $0 == "--foreground" })
+            else { return false }
+            return args.contains { lexicalPath($0) == mnt } || configMountpoint(pid: pid, args: args) == mnt
         }
+    }
+
+    /// A process that has ended but is not yet reaped by its parent (a service manager, a test) is a zombie:
+    /// it still answers kill(pid, 0), but it has committed and let go of everything.
+    static func hasExited(_ pid: pid_t) -> Bool {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else {
+            return true
+        }
+        let state = stat[stat.index(after: close)...].drop { $0 == " " }.first
+        return state == "Z" || state == "X"
+    }
+
+    /// The mountpoint of a `coffer mount --config FILE` process (the systemd unit's form), whose argv does not
+    /// name it: FILE read as that process reads it (a relative FILE against its working directory, `~/`
+    /// against its $HOME). Nil when the process has no --config or the file no longer loads.
+    static func configMountpoint(pid: pid_t, args: [String]) -> String? {
+        var file: String?
+        for (i, a) in args.enumerated() {
+            if a == "--config", i + 1 < args.count { file = args[i + 1] }
+            if a.hasPrefix("--config=") { file = String(a.dropFirst("--config=".count)) }
+        }
+        guard var path = file else { return nil }
+        if !path.hasPrefix("/") {
+            guard let cwd = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd") else { return nil }
+            path = cwd + "/" + path
+        }
+        var env: [String: String] = [:]
+        for pair in (FileManager.default.contents(atPath: "/proc/\(pid)/environ") ?? Data()).split(separator: 0) {
+            let s = String(decoding: pair, as: UTF8.self)
+            if let eq = s.firstIndex(of: "=") { env[String(s[..<eq])] = String(s[s.index(after: eq)...]) }
+        }
+        return (try? ServiceConfig.load(path, environment: env)).map { lexicalPath($0.mountpoint) }
     }
 
     /// `path` made absolute (against the working directory) with ".", ".." and repeated slashes taken

@@ -94,6 +94,48 @@ struct PostgresCLITests {
         #expect(bad.status == 64 && bad.stderr.contains("reconnect_wait"), "\(bad)")
     }
 
+    /// The systemd unit's form, `coffer mount -f --config FILE`, names neither the URI nor the mountpoint in its
+    /// argv; `coffer unmount` still finds that daemon (through FILE) and returns only once it has ended (so
+    /// "unmounted" means committed). A session holding the leases table keeps the daemon's last step (deleting
+    /// its lease row) waiting for 3 s, so an unmount that did not wait for the daemon would return first.
+    @Test func unmountWaitsForAForegroundConfigDaemon() throws {
+        let (sb, uri, cluster) = try pgSandbox("pgunmountconf")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer(container: uri).ok)
+        let conf = sb.root + "/vault.conf"
+        try E2E.write(conf, "container = \(uri)\nmountpoint = m\npassfile = pass\n")
+        let child = try ServiceChild(["mount", "-f", "--config", conf], environment: [:])
+        defer { child.stop() }
+        try #require(E2E.wait(60) { E2E.isMounted(sb.mnt) || !child.spawned.isRunning }, "never mounted")
+        try #require(E2E.isMounted(sb.mnt), "the daemon ended: \(child.stderr)")
+        try E2E.write(sb.mnt + "/written-last", "kept")
+        let leases = "\"\(schema(uri))\".leases"
+        let holder = try #require(
+            Spawned(
+                "/usr/sbin/runuser",
+                [
+                    "-u", "postgres", "--", "/usr/bin/psql", "-h", cluster.socketDirectory, "-p", String(cluster.port), "-U", "postgres",
+                    "-d", cluster.database, "-X", "-q", "-c", "BEGIN; LOCK TABLE \(leases) IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT;"
+                ], stdinPath: "/dev/null", stdoutPath: "/dev/null", stderrPath: "/dev/null"))
+        defer { _ = holder.wait(timeout: 30) }
+        let locked = E2E.wait(10) {
+            (try? cluster.psql(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE l.granted AND l.mode = 'AccessExclusiveLock' "
+                    + "AND c.relname = 'leases' AND c.relnamespace = '\"\(schema(uri))\"'::regnamespace"))?.trimmingCharacters(
+                    in: .whitespacesAndNewlines) == "1"
+        }
+        try #require(locked, "the leases table was never locked")
+        let start = Date()
+        let u = sb.unmount()
+        #expect(u.ok, "\(u)")
+        #expect(!child.spawned.isRunning, "coffer unmount returned while its daemon still ran")
+        #expect(Date().timeIntervalSince(start) > 1, "the daemon could not have ended before the table was let go")
+        #expect(child.spawned.wait(timeout: 30) == 0, "\(child.stderr)")
+        try #require(sb.mount(container: uri).ok)
+        #expect(E2E.readText(sb.mnt + "/written-last") == "kept")
+        #expect(sb.unmount().ok)
+    }
+
     /// Leases: a second machine (state directory) mounts beside the first (issue 17); fsck is refused
     /// while any mount's lease lives and a mount while an fsck holds the container. A killed mount's
     /// lease is removed at once by its own machine (its pid is gone) and lapses for the others.
