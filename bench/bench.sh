@@ -19,7 +19,9 @@
 # Workloads (caches dropped before each; each subject remounted before each read workload):
 #   mount (s), seq_write dd 1M + fsync (MB/s), seq_read after remount (MB/s), untar corpus (s),
 #   ls_lR (s), read_all: cat every file (s), rm_rf (s), fio 4 KiB randwrite / randread, psync,
-#   1 job (IOPS), coffer daemon peak RSS while streaming a write and a read (MiB).
+#   1 job (IOPS), coffer daemon peak RSS while streaming a write and a read (MiB); space (MB, du of the
+#   subject's files): peak during the streaming write, 5 s after it, 5 s after the untar, and once
+#   everything is removed and a minute has passed (coffer/gocrypt: how many times less Coffer takes).
 # Ratios (issue 16): pg/sshfs = coffer-pg vs gocryptfs-sshfs (times: coffer-pg time / sshfs time,
 #   target <= 0.25 for untar, ls_lR, read_all, rm_rf; MB/s: coffer-pg / sshfs, target >= 2);
 #   pg/coffer = coffer-pg time / coffer time (small-file work, target <= 3).
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
         --coffer-b) COFFER_B=$2; shift ;;
         --label-a) LABEL_A=$2; shift ;;
         --label-b) LABEL_B=$2; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "bench: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -179,11 +181,34 @@ watch_rss() {
     watcher=$!
 }
 rss_peak() { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; rec "$1" "$2" "$(( $(cat "$RUN/rss" 2>/dev/null || echo 0) / 1024 ))" MiB; }
+# Space (issue 19): what a subject's files take on the disk (du, allocated), in MB: the peak while the
+# streaming write runs, 5 s after it, 5 s after the untar, and after rm -rf of everything and a quiet minute.
+# Not for coffer-pg (its rows are in the server's cluster).
+store_of() {
+    case $1 in
+        coffer|coffer-b) echo "$(dir_of "$1")/c" ;;
+        gocryptfs-sshfs) echo "$(dir_of "$1")/remote" ;;
+        coffer-pg) ;;
+        *) echo "$(dir_of "$1")/data" ;;
+    esac
+}
+space_now() { du -sk "$(store_of "$1")" 2>/dev/null | awk '{printf "%.0f", $1 * 1024 / 1e6}'; }
+rec_space() { [ -n "$(store_of "$1")" ] && rec "$1" "$2" "$(space_now "$1")" MB; }
+watch_space() {
+    rm -f "$RUN/space"; [ -n "$(store_of "$1")" ] || return 0
+    ( peak=0; while :; do v=$(space_now "$1"); [ -n "$v" ] && [ "$v" -gt "$peak" ] && peak=$v && echo "$peak" > "$RUN/space"; sleep 0.2; done ) &
+    space_watcher=$!
+}
+space_peak() { [ -n "$(store_of "$1")" ] || return 0; kill "$space_watcher" 2>/dev/null; wait "$space_watcher" 2>/dev/null; rec "$1" "$2" "$(cat "$RUN/space" 2>/dev/null || echo NA)" MB; }
 for s in $SUBJECTS; do
     m=$(mnt_of "$s"); drop
     [ -n "$(bin_of "$s")" ] && watch_rss "$s"
+    watch_space "$s"
     secs=$(t dd if=/dev/zero of="$m/seq.dat" bs=1M count="$SEQ_MB" conv=fsync)
     rec "$s" seq_write "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
+    sleep 5
+    space_peak "$s" space_seq_peak
+    rec_space "$s" space_seq_settled
     [ -n "$(bin_of "$s")" ] && rss_peak "$s" rss_streaming
 done
 for s in $SUBJECTS; do
@@ -195,10 +220,15 @@ for s in $SUBJECTS; do
     rec "$s" seq_read "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
 done
 cat "$CORPUS" > /dev/null
-for s in $SUBJECTS; do m=$(mnt_of "$s"); mkdir -p "$m/tree"; drop; rec "$s" untar "$(t sh -c "tar -xf '$CORPUS' -C '$m/tree' && sync")" s; done
+for s in $SUBJECTS; do
+    m=$(mnt_of "$s"); mkdir -p "$m/tree"; drop; rec "$s" untar "$(t sh -c "tar -xf '$CORPUS' -C '$m/tree' && sync")" s
+    sleep 5; rec_space "$s" space_untar
+done
 for s in $SUBJECTS; do remount "$s"; rec "$s" ls_lR "$(t ls -lR "$(mnt_of "$s")/tree")" s; done
 for s in $SUBJECTS; do remount "$s"; rec "$s" read_all "$(t sh -c "find '$(mnt_of "$s")/tree' -type f -print0 | xargs -0 cat")" s; done
 for s in $SUBJECTS; do remount "$s"; rec "$s" rm_rf "$(t rm -rf "$(mnt_of "$s")/tree")" s; done
+sleep 60
+for s in $SUBJECTS; do rec_space "$s" space_emptied; done
 for s in $SUBJECTS; do dd if=/dev/urandom of="$(mnt_of "$s")/fio.dat" bs=1M count="$FIO_MB" conv=fsync status=none; done
 for rw in randwrite randread; do
     for s in $SUBJECTS; do
@@ -224,7 +254,7 @@ for s, w, v, u in rows:
 def better(d, a, b, u):   # how many times better a is than b (> 1: a better)
     try:
         x, y = float(d[a]), float(d[b])
-        return "%15.2fx" % ((y / x) if u == "s" else (x / y))
+        return "%15.2fx" % ((y / x) if u in ("s", "MB") else (x / y))
     except Exception:
         return "%16s" % "-"
 # Issue 16's ratios: plain a/b of the values (times or rates), with the target where there is one.

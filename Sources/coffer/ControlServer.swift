@@ -3,9 +3,12 @@ import Foundation
 import Glibc
 import Logging
 
-/// The control socket of a directory container's mount daemon (ControlSocket). Its one request,
-/// `snapshot PATH`, is how `coffer copy` reads a mounted container: the daemon holds the store for
-/// itself (unix-excl VFS), so it commits and writes the copy (sealed rows only) for the caller.
+/// The control socket of a directory container's mount daemon (ControlSocket). The daemon holds the
+/// store for itself (unix-excl VFS), so what other commands would read from it they ask here:
+/// - `snapshot PATH`: how `coffer copy` reads a mounted container; the daemon commits and writes the
+///   copy (sealed rows only) for the caller;
+/// - `status`: `OK generation=N inodes=N entries=N chunks=N xattrs=N` for `coffer info`; the daemon
+///   commits first, so the counts are those of that generation.
 /// Requests are served one at a time on the server's own thread, never on a FUSE worker.
 final class ControlServer: @unchecked Sendable {
     let path: String
@@ -13,6 +16,7 @@ final class ControlServer: @unchecked Sendable {
     private let name: String
     private let listener: Int32
     private let snapshot: @Sendable (String) throws -> Void
+    private let status: @Sendable () throws -> String
     private let logger: Logger
     private let done = DispatchSemaphore(value: 0)
     private let stopped = NSLock()
@@ -20,12 +24,16 @@ final class ControlServer: @unchecked Sendable {
 
     /// Listens at the socket for `containerId` and this process (a stale one left there is replaced);
     /// nil, logged, when it cannot: the mount works, only a copy while mounted is refused.
-    init?(containerId: String, logger: Logger, snapshot: @escaping @Sendable (String) throws -> Void) {
+    init?(
+        containerId: String, logger: Logger, snapshot: @escaping @Sendable (String) throws -> Void,
+        status: @escaping @Sendable () throws -> String
+    ) {
         directory = ControlSocket.directory(environment: ProcessInfo.processInfo.environment)
         name = ControlSocket.fileName(containerId: containerId, pid: getpid())
         path = directory + "/" + name
         self.logger = logger
         self.snapshot = snapshot
+        self.status = status
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0, Self.makeDirectory(directory) else {
             logger.warning("no control socket in \(directory) (coffer copy of this mount is refused): \(String(cString: strerror(errno)))")
@@ -85,6 +93,9 @@ final class ControlServer: @unchecked Sendable {
             return "ERR permission denied: only the daemon's user or root may ask"
         }
         guard let line else { return "ERR no request" }
+        if line == "status" {
+            do { return "OK " + (try status()) } catch { return "ERR \(error)".replacingOccurrences(of: "\n", with: " ") }
+        }
         guard line.hasPrefix("snapshot ") else { return "ERR unknown request" }
         let target = String(line.dropFirst("snapshot ".count))
         do {

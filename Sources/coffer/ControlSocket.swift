@@ -36,6 +36,31 @@ enum ControlSocket {
         }
     }
 
+    /// A connection to daemon `pid`'s socket for `containerId` and the socket's owner; nil when that daemon has
+    /// no control socket (an older version, or it could not make one). The socket is looked for where the
+    /// daemon's own environment puts it (this user or root may read it), else where this process's does.
+    static func connect(containerId: String, daemon pid: pid_t) throws -> (fd: Int32, owner: uid_t)? {
+        guard pid > 0 else { return nil }
+        let name = fileName(containerId: containerId, pid: pid)
+        let places = [OtherProcess.environment(pid), ProcessInfo.processInfo.environment].compactMap { $0 }.map { directory(environment: $0) }
+        var st = stat()
+        guard let dir = places.first(where: { lstat($0 + "/" + name, &st) == 0 && (st.st_mode & S_IFMT) == S_IFSOCK }) else { return nil }
+        let owner = st.st_uid
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw CLIFailure(message: "cannot make a socket: \(String(cString: strerror(errno)))", code: ExitStatus.failure) }
+        let connected = withAddress(directory: dir, name: name) { Glibc.connect(fd, $0, $1) == 0 } ?? false
+        guard connected else {
+            close(fd)
+            return nil
+        }
+        // The socket's name is only a name: the daemon answering must be the lock's holder.
+        guard let p = peer(fd), p.pid == pid else {
+            close(fd)
+            throw CLIFailure(message: "the control socket is not the mount daemon's (pid \(pid))", code: ExitStatus.failure)
+        }
+        return (fd, owner)
+    }
+
     /// Linux's `struct ucred`, which Glibc's module map does not export (it needs _GNU_SOURCE).
     struct Peer {
         var pid: pid_t = 0

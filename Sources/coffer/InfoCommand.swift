@@ -1,6 +1,7 @@
 import ArgumentParser
 import CofferStore
 import Foundation
+import Glibc
 
 struct InfoCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -40,21 +41,41 @@ struct InfoCommand: ParsableCommand {
             guard let given else { return }
             let (keys, slotId) = try c.unlock(given)
             defer { keys.wipe() }
+            print("Unlocked by:    slot \(slotId)")
             if let holder = ContainerClaim.holder(c) {
-                // A daemon holds the store for itself while mounted (EntityStore.exclusiveByDefault).
-                print("Unlocked by:    slot \(slotId)")
-                print("Mounted:        by daemon \(holder); unmount it to see entity counts and store size")
-                return
+                print("Mounted:        by daemon \(holder)")
+                // A directory container's daemon holds the store for itself (EntityStore.exclusiveByDefault):
+                // it is asked. A PostgreSQL container is read beside its mounts, as another mount would.
+                if case .directory = c.location {
+                    guard let pid = ContainerLock.holder(root: c.root), pid > 0,
+                        let status = try DaemonStatus.ask(containerId: h.containerId, daemon: pid)
+                    else {
+                        print("                (its daemon has no control socket: unmount it to see entity counts and store size)")
+                        return
+                    }
+                    printState(generation: status.generation, counts: status.counts, size: Self.fileSizes(try c.storePath()))
+                    return
+                }
             }
             let store = try c.openStore(keys: keys, readOnly: true)
             defer { store.close() }
-            let counts = try store.counts()
-            print("Unlocked by:    slot \(slotId)")
-            print("Generation:     \(store.generation)")
-            print(
-                "Entities:       \(counts.inodes) inodes, \(counts.entries) directory entries, \(counts.chunks) content chunks, \(counts.xattrs) xattrs"
-            )
-            print("Store size:     \(store.sizeOnDisk) bytes")
+            printState(generation: store.generation, counts: try store.counts(), size: store.sizeOnDisk)
+        }
+    }
+
+    func printState(generation: UInt64, counts: StoreCounts, size: UInt64) {
+        print("Generation:     \(generation)")
+        print(
+            "Entities:       \(counts.inodes) inodes, \(counts.entries) directory entries, \(counts.chunks) content chunks, \(counts.xattrs) xattrs"
+        )
+        print("Store size:     \(size) bytes")
+    }
+
+    /// A store file and its WAL, as SQLiteBackend.sizeOnDisk counts them.
+    static func fileSizes(_ store: String) -> UInt64 {
+        [store, store + "-wal"].reduce(0) { total, p in
+            var st = stat()
+            return total + (stat(p, &st) == 0 ? UInt64(st.st_size) : 0)
         }
     }
 

@@ -238,10 +238,18 @@ struct MountCommand: ParsableCommand {
             let prepared = PreparedMount(fuse: fuse, fs: fs, keys: keys, lock: lock, containerRoot: c.root, mountpoint: mnt)
             if case .directory = c.location {
                 // `coffer copy` of this mount: everything written so far is committed, then copied sealed.
-                prepared.control = ControlServer(containerId: c.header.containerId, logger: logger) { [fs, store] path in
-                    if !store.readOnly { try fs.commit() }
-                    try store.snapshot(into: path)
-                }
+                prepared.control = ControlServer(
+                    containerId: c.header.containerId, logger: logger,
+                    snapshot: { [fs, store] path in
+                        if !store.readOnly { try fs.commit() }
+                        try store.snapshot(into: path)
+                    },
+                    status: { [fs, store] in
+                        // Committed first, so the counts are of one consistent state, the generation's.
+                        if !store.readOnly { try fs.commit() }
+                        let n = try store.counts()
+                        return "generation=\(store.generation) inodes=\(n.inodes) entries=\(n.entries) chunks=\(n.chunks) xattrs=\(n.xattrs)"
+                    })
             }
             return prepared
         } catch {

@@ -50,8 +50,7 @@ extension UnmountCommand {
     static func daemon(serving mnt: String) -> pid_t? {
         let pids = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { pid_t($0) }
         return pids.first { pid in
-            guard pid != getpid(), let raw = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return false }
-            let args = raw.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+            guard pid != getpid(), let args = OtherProcess.arguments(pid) else { return false }
             // Other daemons' paths are compared as text, never looked up: a path on a mount whose daemon is
             // slow or stuck (another container's) would hold this unmount up for as long.
             guard args.count > 3, args[1] == "mount", args.contains(where: { $0 == "--ready-fd" || $0 == "-f" || $0 == "--foreground" })
@@ -81,15 +80,10 @@ extension UnmountCommand {
         }
         guard var path = file else { return nil }
         if !path.hasPrefix("/") {
-            guard let cwd = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd") else { return nil }
+            guard let cwd = OtherProcess.workingDirectory(pid) else { return nil }
             path = cwd + "/" + path
         }
-        var env: [String: String] = [:]
-        for pair in (FileManager.default.contents(atPath: "/proc/\(pid)/environ") ?? Data()).split(separator: 0) {
-            let s = String(decoding: pair, as: UTF8.self)
-            if let eq = s.firstIndex(of: "=") { env[String(s[..<eq])] = String(s[s.index(after: eq)...]) }
-        }
-        return (try? ServiceConfig.load(path, environment: env)).map { lexicalPath($0.mountpoint) }
+        return (try? ServiceConfig.load(path, environment: OtherProcess.environment(pid) ?? [:])).map { lexicalPath($0.mountpoint) }
     }
 
     /// `path` made absolute (against the working directory) with ".", ".." and repeated slashes taken

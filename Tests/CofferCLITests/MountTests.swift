@@ -224,15 +224,23 @@ struct MountTests {
         // The WAL index stays in the daemon's memory; the -shm file is only there for read-only opens.
         #expect(E2E.statOf(store + "-shm")?.st_size == 0, "the WAL index went to a file")
         let pid = try #require(E2E.daemonPid(container: sb.container))
+        // The daemon answers for its store: it commits what is pending (g.txt, never synced), then counts.
+        try E2E.write(sb.mnt + "/g.txt", "more")
         let mounted = E2E.coffer(["info", sb.container, "--passfile", sb.passfile])
         #expect(mounted.ok && mounted.stdout.contains("Mounted:        by daemon pid \(pid)"), "\(mounted)")
-        #expect(mounted.stdout.contains("Unlocked by:") && !mounted.stdout.contains("Entities:"), "\(mounted)")
+        #expect(mounted.stdout.contains("Unlocked by:") && mounted.stdout.contains("Generation:"), "\(mounted)")
+        #expect(mounted.stdout.contains("Entities:       3 inodes, 2 directory entries, 2 content chunks"), "\(mounted)")
+        let wrong = sb.root + "/wrong-pass"
+        try E2E.write(wrong, "not the password\n")
+        chmod(wrong, 0o600)
+        let refused = E2E.coffer(["info", sb.container, "--passfile", wrong])
+        #expect(refused.status == 12 && !refused.stdout.contains("Entities:"), "no counts without the secret: \(refused)")
         #expect(E2E.readText(sb.mnt + "/f.txt") == "data")
         #expect(sb.unmount().ok)
         let count = E2E.run("/usr/bin/env", ["sqlite3", store, "SELECT count(*) FROM inodes"])
-        #expect(count.ok && count.stdout == "2\n", "\(count)")
+        #expect(count.ok && count.stdout == "3\n", "\(count)")
         let info = E2E.coffer(["info", sb.container, "--passfile", sb.passfile])
-        #expect(info.ok && info.stdout.contains("Entities:       2 inodes") && !info.stdout.contains("Mounted:"), "\(info)")
+        #expect(info.ok && info.stdout.contains("Entities:       3 inodes") && !info.stdout.contains("Mounted:"), "\(info)")
     }
 
     /// Someone truncates `store.db` while it is mounted (a sync client replacing it, an attacker): the

@@ -50,6 +50,8 @@ struct PostgresCLITests {
         #expect(df.ok && df.stdout.contains("4398046511104"), "statfs of a database container is the fixed capacity: \(df)")
         let mountedInfo = E2E.coffer(["info", uri, "--passfile", sb.passfile])
         #expect(mountedInfo.ok && mountedInfo.stdout.contains("Mounted:        by daemon pid"), "\(mountedInfo)")
+        #expect(
+            mountedInfo.stdout.contains("Entities:       2 inodes, 1 directory entries, 1 content chunks"), "read beside the mount: \(mountedInfo)")
         let fsckMounted = E2E.coffer(["fsck", uri, "--passfile", sb.passfile])
         #expect(fsckMounted.status == 8 && fsckMounted.stderr.contains("container is mounted (pid"), "\(fsckMounted)")
         #expect(sb.unmount().ok)
