@@ -23,7 +23,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         /// A group commit happens at the latest this long after the first uncommitted change.
         public var commitInterval: Duration = .seconds(1)
         /// ... or once this many bytes are waiting.
-        public var commitVolume = 16 << 20
+        public var commitVolume = 8 << 20
         /// A coherent mount beside others commits its open group this soon (other mounts' listings
         /// show its changes once committed).
         public var sharedCommitInterval: Duration = .milliseconds(50)
