@@ -46,26 +46,31 @@ struct UnmountCommand: ParsableCommand {
 
 extension UnmountCommand {
     /// A container without a directory to lock (PostgreSQL): the daemon is the `coffer mount`
-    /// process (started with --ready-fd, or -f) whose argv names this mountpoint.
+    /// process (started with --ready-fd, or -f) whose argv names this mountpoint, or whose --config
+    /// file does.
     static func daemon(serving mnt: String) -> pid_t? {
         let pids = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { pid_t($0) }
-        return pids.first { pid in
-            guard pid != getpid(), let args = OtherProcess.arguments(pid) else { return false }
-            // Other daemons' paths are compared as text, never looked up: a path on a mount whose daemon is
-            // slow or stuck (another container's) would hold this unmount up for as long.
-            guard args.count > 3, args[1] == "mount", args.contains(where: { $0 == "--ready-fd" || $0 == "-f" || $0 == "--foreground" })
-            else { return false }
-            return args.contains { lexicalPath($0) == mnt } || configMountpoint(pid: pid, args: args) == mnt
+        let daemons: [(pid: pid_t, args: [String])] = pids.compactMap { pid in
+            guard pid != getpid(), let args = OtherProcess.arguments(pid), args.count > 3, args[1] == "mount",
+                args.contains(where: { $0 == "--ready-fd" || $0 == "-f" || $0 == "--foreground" })
+            else { return nil }
+            return (pid, args)
         }
+        // Other daemons' paths are compared as text, never looked up: a path on a mount whose daemon is
+        // slow or stuck (another container's) would hold this unmount up for as long. Config files are
+        // read only when no argv names the mountpoint.
+        return daemons.first { d in d.args.contains { lexicalPath($0) == mnt } }?.pid
+            ?? daemons.first { d in configMountpoint(pid: d.pid, args: d.args) == mnt }?.pid
     }
 
     /// A process that has ended but is not yet reaped by its parent (a service manager, a test) is a zombie:
     /// it still answers kill(pid, 0), but it has committed and let go of everything.
     static func hasExited(_ pid: pid_t) -> Bool {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else {
+        // /proc/PID/stat: "PID (COMMAND) STATE ...", where COMMAND may itself hold spaces and parentheses.
+        guard let line = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let end = line.lastIndex(of: ")") else {
             return true
         }
-        let state = stat[stat.index(after: close)...].drop { $0 == " " }.first
+        let state = line[line.index(after: end)...].drop { $0 == " " }.first
         return state == "Z" || state == "X"
     }
 

@@ -15,6 +15,10 @@ final class Checkpointer: @unchecked Sendable {
     private let condition = NSCondition()
     private var lastActivity = ContinuousClock.now
     private var pendingFrames = false
+    /// A checkpoint ran before the writer went quiet (the WAL outgrew `limit`): the WAL file is still at its
+    /// largest, so a quiet pass must come to cut it, even if nothing is committed after (issue 19: five
+    /// seconds after a 1 GiB write the container still held it twice, WAL and database file).
+    private var foldedWhileBusy = false
     private var urgent = false
     private var stopping = false
     private var finished = false
@@ -89,7 +93,7 @@ final class Checkpointer: @unchecked Sendable {
     private func run() {
         while true {
             condition.lock()
-            while !pendingFrames && !stopping { condition.wait() }
+            while !pendingFrames && !foldedWhileBusy && !stopping { condition.wait() }
             if stopping {
                 finished = true
                 condition.broadcast()
@@ -99,16 +103,17 @@ final class Checkpointer: @unchecked Sendable {
             let quietFor = ContinuousClock.now - lastActivity
             let wal = walSize()
             let quiet = !urgent && quietFor >= idle
-            let due = quiet || urgent || wal >= limit || wal >= freeSpace() / 4
+            let due = quiet || (pendingFrames && (urgent || wal >= limit || wal >= freeSpace() / 4))
             if due {
                 pendingFrames = false
                 urgent = false
+                foldedWhileBusy = !quiet
             }
             condition.unlock()
             if due {
                 _ = try? queue?.writeWithoutTransaction { db in
                     let folded = try db.checkpoint(.passive)
-                    if quiet, folded.walFrameCount > 0, folded.checkpointedFrameCount == folded.walFrameCount { Self.truncateIfIdle(db) }
+                    if quiet, folded.checkpointedFrameCount == folded.walFrameCount, walSize() > 0 { Self.truncateIfIdle(db) }
                 }
             } else {
                 condition.lock()
