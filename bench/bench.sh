@@ -20,7 +20,7 @@
 #   mount (s), seq_write dd 1M + fsync (MB/s), seq_read after remount (MB/s), untar corpus (s),
 #   ls_lR (s), read_all: cat every file (s), rm_rf (s), fio 4 KiB randwrite / randread, psync,
 #   1 job (IOPS), coffer daemon peak RSS while streaming a write and a read (MiB); space (MB, du of the
-#   subject's files): peak during the streaming write, 5 s after it, 5 s after the untar, and once
+#   subject's files): peak during the streaming write and 5 s after, then, 5 s after the untar, and once
 #   everything is removed and a minute has passed (coffer/gocrypt: how many times less Coffer takes).
 # Ratios (issue 16): pg/sshfs = coffer-pg vs gocryptfs-sshfs (times: coffer-pg time / sshfs time,
 #   target <= 0.25 for untar, ls_lR, read_all, rm_rf; MB/s: coffer-pg / sshfs, target >= 2);
@@ -182,7 +182,8 @@ watch_rss() {
 }
 rss_peak() { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; rec "$1" "$2" "$(( $(cat "$RUN/rss" 2>/dev/null || echo 0) / 1024 ))" MiB; }
 # Space (issue 19): what a subject's files take on the disk (du, allocated), in MB: the peak while the
-# streaming write runs, 5 s after it, 5 s after the untar, and after rm -rf of everything and a quiet minute.
+# streaming write runs and in the 5 s after it, at the end of those 5 s, 5 s after the untar, and after
+# rm -rf of everything and a quiet minute.
 # Not for coffer-pg (its rows are in the server's cluster).
 store_of() {
     case $1 in
@@ -206,10 +207,10 @@ for s in $SUBJECTS; do
     watch_space "$s"
     secs=$(t dd if=/dev/zero of="$m/seq.dat" bs=1M count="$SEQ_MB" conv=fsync)
     rec "$s" seq_write "$(awk -v s="$secs" -v n="$SEQ_MB" 'BEGIN{printf "%.0f", n*1048576/s/1e6}')" MB/s
+    [ -n "$(bin_of "$s")" ] && rss_peak "$s" rss_streaming
     sleep 5
     space_peak "$s" space_seq_peak
     rec_space "$s" space_seq_settled
-    [ -n "$(bin_of "$s")" ] && rss_peak "$s" rss_streaming
 done
 for s in $SUBJECTS; do
     remount "$s"; m=$(mnt_of "$s")

@@ -22,7 +22,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         public var cacheTimeouts = CacheTimeouts(entry: 5, attributes: 5, negativeEntry: 1)
         /// A group commit happens at the latest this long after the first uncommitted change.
         public var commitInterval: Duration = .seconds(1)
-        /// ... or once this many bytes are waiting.
+        /// ... or once this many bytes are waiting (embedded stores: a little less than the SQLite writer's
+        /// page cache, SQLiteBackend.writerCacheKiB; PostgreSQL mounts take 16 MiB).
         public var commitVolume = 8 << 20
         /// A coherent mount beside others commits its open group this soon (other mounts' listings
         /// show its changes once committed).
@@ -411,6 +412,16 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     public func commit() throws(FSError) {
         awaitForgetsOnAFullDisk()
         try meta.withLock { () throws(FSError) in try commitLocked(durable: true) }
+    }
+
+    /// Commits, then counts the store's rows before anything else can commit (the meta lock held): the
+    /// counts are those of the generation returned (`coffer info` of a mounted container).
+    public func committedCounts() throws(FSError) -> (generation: UInt64, counts: StoreCounts) {
+        awaitForgetsOnAFullDisk()
+        return try meta.withLock { () throws(FSError) in
+            if !options.readOnly { try commitLocked(durable: true) }
+            do { return (store.generation, try store.committedCounts()) } catch { throw .io }
+        }
     }
 
     /// Commits (changed records first) once the open transaction is old or large enough, or, on a

@@ -553,6 +553,12 @@ public final class EntityStore: @unchecked Sendable {
 
     public func counts() throws(StoreError) -> StoreCounts { try backend.counts() }
 
+    /// The counts of the last commit (an embedded store: never the open group's rows).
+    public func committedCounts() throws(StoreError) -> StoreCounts {
+        guard let sqlite = backend as? SQLiteBackend else { return try backend.counts() }
+        return try sqlite.committedCounts()
+    }
+
     /// Bytes the store takes on disk (0 when the engine cannot tell).
     public var sizeOnDisk: UInt64 { backend.sizeOnDisk ?? 0 }
 }

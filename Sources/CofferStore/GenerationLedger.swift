@@ -10,7 +10,7 @@ public struct GenerationLedger: Sendable {
     public init(directory: String = GenerationLedger.defaultDirectory()) { self.directory = directory }
 
     /// `$COFFER_STATE_DIR`, else `$XDG_STATE_HOME/coffer`, else `~/.local/state/coffer`.
-    /// `environment`: another process's (the copy command finds a daemon's control socket by it).
+    /// `environment`: another process's (copy and info find a daemon's control socket by it).
     public static func defaultDirectory(environment env: [String: String] = ProcessInfo.processInfo.environment) -> String {
         if let d = env["COFFER_STATE_DIR"], !d.isEmpty { return d }
         if let x = env["XDG_STATE_HOME"], x.hasPrefix("/") { return x + "/coffer" }

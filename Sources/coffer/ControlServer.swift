@@ -23,7 +23,7 @@ final class ControlServer: @unchecked Sendable {
     private var isStopped = false
 
     /// Listens at the socket for `containerId` and this process (a stale one left there is replaced);
-    /// nil, logged, when it cannot: the mount works, only a copy while mounted is refused.
+    /// nil, logged, when it cannot: the mount works, only a copy (and counts by `coffer info`) while mounted is refused.
     init?(
         containerId: String, logger: Logger, snapshot: @escaping @Sendable (String) throws -> Void,
         status: @escaping @Sendable () throws -> String
@@ -36,7 +36,9 @@ final class ControlServer: @unchecked Sendable {
         self.status = status
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0, Self.makeDirectory(directory) else {
-            logger.warning("no control socket in \(directory) (coffer copy of this mount is refused): \(String(cString: strerror(errno)))")
+            logger.warning(
+                "no control socket in \(directory) (coffer copy of this mount is refused, and coffer info shows no counts while it is mounted): \(String(cString: strerror(errno)))"
+            )
             if fd >= 0 { close(fd) }
             return nil
         }
@@ -45,7 +47,9 @@ final class ControlServer: @unchecked Sendable {
         let bound = ControlSocket.withAddress(directory: directory, name: name) { bind(fd, $0, $1) == 0 } ?? false
         // The directory is private (0700): no one else reaches the socket before its mode is set.
         guard bound, chmod(path, 0o600) == 0, listen(fd, 4) == 0 else {
-            logger.warning("no control socket at \(path) (coffer copy of this mount is refused): \(String(cString: strerror(errno)))")
+            logger.warning(
+                "no control socket at \(path) (coffer copy of this mount is refused, and coffer info shows no counts while it is mounted): \(String(cString: strerror(errno)))"
+            )
             close(fd)
             unlink(path)
             return nil

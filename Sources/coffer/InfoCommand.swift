@@ -1,7 +1,6 @@
 import ArgumentParser
 import CofferStore
 import Foundation
-import Glibc
 
 struct InfoCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -42,20 +41,22 @@ struct InfoCommand: ParsableCommand {
             let (keys, slotId) = try c.unlock(given)
             defer { keys.wipe() }
             print("Unlocked by:    slot \(slotId)")
-            if let holder = ContainerClaim.holder(c) {
-                print("Mounted:        by daemon \(holder)")
-                // A directory container's daemon holds the store for itself (EntityStore.exclusiveByDefault):
-                // it is asked. A PostgreSQL container is read beside its mounts, as another mount would.
-                if case .directory = c.location {
-                    guard let pid = ContainerLock.holder(root: c.root), pid > 0,
-                        let status = try DaemonStatus.ask(containerId: h.containerId, daemon: pid)
-                    else {
-                        print("                (its daemon has no control socket: unmount it to see entity counts and store size)")
+            switch c.location {
+            case .directory:
+                // The daemon holds the store for itself (EntityStore.exclusiveByDefault): it is asked.
+                if let pid = ContainerLock.holder(root: c.root) {
+                    print("Mounted:        by daemon pid \(pid > 0 ? String(pid) : "?")")
+                    guard pid > 0, let status = try DaemonStatus.ask(containerId: h.containerId, daemon: pid) else {
+                        print(
+                            "                (no control socket of that daemon found for this user: unmount it to see entity counts and store size)")
                         return
                     }
-                    printState(generation: status.generation, counts: status.counts, size: Self.fileSizes(try c.storePath()))
+                    printState(generation: status.generation, counts: status.counts, size: SQLiteBackend.sizeOnDisk(path: try c.storePath()))
                     return
                 }
+            case .postgres:
+                // Read beside its mounts, as another mount would.
+                if let holder = ContainerClaim.holder(c) { print("Mounted:        by daemon \(holder)") }
             }
             let store = try c.openStore(keys: keys, readOnly: true)
             defer { store.close() }
@@ -69,14 +70,6 @@ struct InfoCommand: ParsableCommand {
             "Entities:       \(counts.inodes) inodes, \(counts.entries) directory entries, \(counts.chunks) content chunks, \(counts.xattrs) xattrs"
         )
         print("Store size:     \(size) bytes")
-    }
-
-    /// A store file and its WAL, as SQLiteBackend.sizeOnDisk counts them.
-    static func fileSizes(_ store: String) -> UInt64 {
-        [store, store + "-wal"].reduce(0) { total, p in
-            var st = stat()
-            return total + (stat(p, &st) == 0 ? UInt64(st.st_size) : 0)
-        }
     }
 
     func describe(_ k: KDFParameters) -> String {

@@ -196,6 +196,8 @@ struct MountCommand: ParsableCommand {
                 store.shareWithOtherMounts(floor: min(seen, store.generation))
                 lock.lease?.onRetaken = { [weak store] in store?.rejoin() }
                 fsOptions.coherent = true
+                // No writer page cache to bound here (the 8 MiB default is for SQLite's): fewer commits.
+                fsOptions.commitVolume = 16 << 20
                 // A group another mount began while it was alone ends before this mount reads anything.
                 try store.awaitOtherGroups()
                 // Orphans are removed only by a mount alone, then (counted under the writer lock): another
@@ -237,18 +239,17 @@ struct MountCommand: ParsableCommand {
             }
             let prepared = PreparedMount(fuse: fuse, fs: fs, keys: keys, lock: lock, containerRoot: c.root, mountpoint: mnt)
             if case .directory = c.location {
-                // `coffer copy` of this mount: everything written so far is committed, then copied sealed.
+                // `coffer copy` (everything written so far is committed, then copied sealed) and `coffer info`
+                // of this mount: the store is the daemon's alone.
                 prepared.control = ControlServer(
                     containerId: c.header.containerId, logger: logger,
                     snapshot: { [fs, store] path in
                         if !store.readOnly { try fs.commit() }
                         try store.snapshot(into: path)
                     },
-                    status: { [fs, store] in
-                        // Committed first, so the counts are of one consistent state, the generation's.
-                        if !store.readOnly { try fs.commit() }
-                        let n = try store.counts()
-                        return "generation=\(store.generation) inodes=\(n.inodes) entries=\(n.entries) chunks=\(n.chunks) xattrs=\(n.xattrs)"
+                    status: { [fs] in
+                        let (generation, n) = try fs.committedCounts()
+                        return "generation=\(generation) inodes=\(n.inodes) entries=\(n.entries) chunks=\(n.chunks) xattrs=\(n.xattrs)"
                     })
             }
             return prepared

@@ -1,4 +1,5 @@
 import Foundation
+import Glibc
 
 /// What /proc shows of another process (a mount daemon): read as text, never acted on. Nil when the
 /// process is gone or not this user's to read.
@@ -20,6 +21,44 @@ enum OtherProcess {
             env[String(s[..<eq])] = String(s[s.index(after: eq)...])
         }
         return env
+    }
+
+    /// Its user (the owner of /proc/PID: its effective uid).
+    static func owner(_ pid: pid_t) -> uid_t? {
+        var st = stat()
+        return stat("/proc/\(pid)", &st) == 0 ? st.st_uid : nil
+    }
+
+    /// True once it has ended: gone, or a zombie (ended, not yet reaped by its parent, a service manager or a
+    /// test) that still answers kill(pid, 0). A /proc entry that cannot be read says nothing: not ended.
+    static func hasEnded(_ pid: pid_t) -> Bool {
+        // /proc/PID/stat: "PID (COMMAND) STATE ...", where COMMAND may itself hold spaces and parentheses.
+        let fd = open("/proc/\(pid)/stat", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return errno == ENOENT || errno == ESRCH }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 1024)
+        let n = read(fd, &buffer, buffer.count)
+        guard n > 0, let end = buffer[0..<n].lastIndex(of: UInt8(ascii: ")")), end + 2 < n else { return false }
+        return buffer[end + 2] == UInt8(ascii: "Z") || buffer[end + 2] == UInt8(ascii: "X")
+    }
+
+    /// A file another process names (its --config): read only if it is a regular file of at most 64 KiB,
+    /// opened without blocking (a FIFO would hold the reader forever).
+    static func smallRegularFile(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, st.st_size <= 65536 else { return nil }
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        var total = 0
+        while total < buffer.count {
+            let n = buffer[total...].withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { break }
+            total += n
+        }
+        return String(validating: buffer[0..<total], as: UTF8.self)
     }
 
     /// Its working directory.

@@ -83,6 +83,25 @@ struct ServiceConfig: Equatable {
         return config
     }
 
+    /// The `mountpoint` of a config's text, resolved as text only (`~/` against `home`, a relative one against
+    /// the directory of `file`, which is absolute): `coffer unmount` matches a --config daemon with it, where
+    /// looking a path up could hang on another daemon's mount. Nil when there is none.
+    static func mountpointText(_ text: String, file: String, home: String?) -> String? {
+        for raw in text.split(separator: "\n") {
+            let line = raw.trimmingCharacters(in: .whitespaces)
+            guard !line.hasPrefix("#"), !line.hasPrefix(";"), let eq = line.firstIndex(of: "="),
+                line[..<eq].trimmingCharacters(in: .whitespaces).lowercased() == "mountpoint"
+            else { continue }
+            let value = line[line.index(after: eq)...].trimmingCharacters(in: .whitespaces)
+            if value == "~" || value.hasPrefix("~/") {
+                guard let home, !home.isEmpty else { return nil }
+                return home + value.dropFirst()
+            }
+            return value.hasPrefix("/") ? value : (file as NSString).deletingLastPathComponent + "/" + value
+        }
+        return nil
+    }
+
     /// `~/x` is under $HOME; any other relative path is under the config file's directory.
     static func resolve(_ value: String, against dir: String, home: String?, where place: String) throws -> String {
         var p = value

@@ -20,7 +20,7 @@ struct UnmountCommand: ParsableCommand {
             guard let entry = MountTable.entry(at: mnt), entry.type.hasPrefix("fuse.coffer") || entry.type == "fuse" else {
                 throw CLIFailure(message: "\(mnt) is not a mounted Coffer container", code: ExitStatus.badMountpoint)
             }
-            let daemon = entry.source.hasPrefix("/") ? ContainerLock.holder(root: entry.source) : Self.daemon(serving: mnt)
+            let daemon = entry.source.hasPrefix("/") ? ContainerLock.holder(root: entry.source) : Self.daemon(serving: mnt, owner: entry.owner)
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
             process.arguments = ["-u"] + (lazy ? ["-z"] : []) + [mnt]
@@ -37,8 +37,12 @@ struct UnmountCommand: ParsableCommand {
                         : "cannot unmount \(mnt): \(why.trimmingCharacters(in: .whitespacesAndNewlines))", code: ExitStatus.failure)
             }
             // The daemon commits after the kernel lets go; wait for it so "unmounted" means "durable".
-            if let pid = daemon, !lazy {
-                for _ in 0..<600 where kill(pid, 0) == 0 && !Self.hasExited(pid) { usleep(50_000) }
+            if let pid = daemon, pid > 0, !lazy {
+                var waited = 0
+                while waited < 600, kill(pid, 0) == 0, !OtherProcess.hasEnded(pid) {
+                    usleep(50_000)
+                    waited += 1
+                }
             }
         }
     }
@@ -46,9 +50,9 @@ struct UnmountCommand: ParsableCommand {
 
 extension UnmountCommand {
     /// A container without a directory to lock (PostgreSQL): the daemon is the `coffer mount`
-    /// process (started with --ready-fd, or -f) whose argv names this mountpoint, or whose --config
-    /// file does.
-    static func daemon(serving mnt: String) -> pid_t? {
+    /// process (started with --ready-fd, or -f) whose argv names this mountpoint, or else one of
+    /// `owner`'s (the mount's user) whose --config file does.
+    static func daemon(serving mnt: String, owner: uid_t?) -> pid_t? {
         let pids = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { pid_t($0) }
         let daemons: [(pid: pid_t, args: [String])] = pids.compactMap { pid in
             guard pid != getpid(), let args = OtherProcess.arguments(pid), args.count > 3, args[1] == "mount",
@@ -57,26 +61,18 @@ extension UnmountCommand {
             return (pid, args)
         }
         // Other daemons' paths are compared as text, never looked up: a path on a mount whose daemon is
-        // slow or stuck (another container's) would hold this unmount up for as long. Config files are
-        // read only when no argv names the mountpoint.
-        return daemons.first { d in d.args.contains { lexicalPath($0) == mnt } }?.pid
-            ?? daemons.first { d in configMountpoint(pid: d.pid, args: d.args) == mnt }?.pid
-    }
-
-    /// A process that has ended but is not yet reaped by its parent (a service manager, a test) is a zombie:
-    /// it still answers kill(pid, 0), but it has committed and let go of everything.
-    static func hasExited(_ pid: pid_t) -> Bool {
-        // /proc/PID/stat: "PID (COMMAND) STATE ...", where COMMAND may itself hold spaces and parentheses.
-        guard let line = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let end = line.lastIndex(of: ")") else {
-            return true
-        }
-        let state = line[line.index(after: end)...].drop { $0 == " " }.first
-        return state == "Z" || state == "X"
+        // slow or stuck (another container's) would hold this unmount up for as long.
+        if let d = daemons.first(where: { d in d.args.contains { lexicalPath($0) == mnt } }) { return d.pid }
+        // A config file is read only for the mount's own user's processes: anyone can name any file in argv.
+        let user = owner ?? geteuid()
+        return daemons.first { d in OtherProcess.owner(d.pid) == user && configMountpoint(pid: d.pid, args: d.args) == mnt }?.pid
     }
 
     /// The mountpoint of a `coffer mount --config FILE` process (the systemd unit's form), whose argv does not
-    /// name it: FILE read as that process reads it (a relative FILE against its working directory, `~/`
-    /// against its $HOME). Nil when the process has no --config or the file no longer loads.
+    /// name it: the `mountpoint` line of FILE as it reads now (a relative FILE against the process's working
+    /// directory, `~/` against its $HOME), resolved as text (ServiceConfig.mountpointText). Nil when the process
+    /// has no --config, the file is not a small regular file, or has no mountpoint (a config edited since the
+    /// daemon started may name another).
     static func configMountpoint(pid: pid_t, args: [String]) -> String? {
         var file: String?
         for (i, a) in args.enumerated() {
@@ -88,7 +84,11 @@ extension UnmountCommand {
             guard let cwd = OtherProcess.workingDirectory(pid) else { return nil }
             path = cwd + "/" + path
         }
-        return (try? ServiceConfig.load(path, environment: OtherProcess.environment(pid) ?? [:])).map { lexicalPath($0.mountpoint) }
+        path = lexicalPath(path)
+        guard let text = OtherProcess.smallRegularFile(path),
+            let mountpoint = ServiceConfig.mountpointText(text, file: path, home: OtherProcess.environment(pid)?["HOME"])
+        else { return nil }
+        return lexicalPath(mountpoint)
     }
 
     /// `path` made absolute (against the working directory) with ".", ".." and repeated slashes taken
@@ -114,6 +114,8 @@ enum MountTable {
         let source: String
         let mountpoint: String
         let type: String
+        /// A FUSE mount's `user_id=` option: the user who mounted it.
+        var owner: uid_t? = nil
     }
 
     static func entries() -> [Entry] {
@@ -121,7 +123,8 @@ enum MountTable {
         return text.split(separator: "\n").compactMap { line in
             let f = line.split(separator: " ")
             guard f.count >= 3 else { return nil }
-            return Entry(source: unescape(String(f[0])), mountpoint: unescape(String(f[1])), type: String(f[2]))
+            let owner = f.count > 3 ? f[3].split(separator: ",").first { $0.hasPrefix("user_id=") }.flatMap { uid_t($0.dropFirst(8)) } : nil
+            return Entry(source: unescape(String(f[0])), mountpoint: unescape(String(f[1])), type: String(f[2]), owner: owner)
         }
     }
 

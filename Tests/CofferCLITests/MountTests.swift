@@ -206,8 +206,9 @@ struct MountTests {
     }
 
     /// While mounted, the daemon holds the store for itself (EntityStore.exclusiveByDefault): no other
-    /// process opens it through SQLite, the `-shm` file stays empty, and `coffer info` says it is mounted
-    /// instead of waiting for the store. After the unmount everything opens it again.
+    /// process opens it through SQLite, the `-shm` file stays empty, and `coffer info` says it is mounted and
+    /// asks the daemon, which commits, then counts the committed rows (a file not yet committed counts only
+    /// because of that commit). After the unmount everything opens it again.
     @Test func theDaemonHoldsTheStoreAlone() throws {
         guard E2E.which("sqlite3") != nil else {
             Issue.record("sqlite3 missing (make test-deps installs it)")

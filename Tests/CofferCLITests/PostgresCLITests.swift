@@ -99,7 +99,7 @@ struct PostgresCLITests {
     /// The systemd unit's form, `coffer mount -f --config FILE`, names neither the URI nor the mountpoint in its
     /// argv; `coffer unmount` still finds that daemon (through FILE) and returns only once it has ended (so
     /// "unmounted" means committed). A session holding the leases table keeps the daemon's last step (deleting
-    /// its lease row) waiting for 3 s, so an unmount that did not wait for the daemon would return first.
+    /// its lease row) waiting for 10 s, so an unmount that did not wait for the daemon would return first.
     @Test func unmountWaitsForAForegroundConfigDaemon() throws {
         let (sb, uri, cluster) = try pgSandbox("pgunmountconf")
         defer { sb.cleanup() }
@@ -117,7 +117,7 @@ struct PostgresCLITests {
                 "/usr/sbin/runuser",
                 [
                     "-u", "postgres", "--", "/usr/bin/psql", "-h", cluster.socketDirectory, "-p", String(cluster.port), "-U", "postgres",
-                    "-d", cluster.database, "-X", "-q", "-c", "BEGIN; LOCK TABLE \(leases) IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT;"
+                    "-d", cluster.database, "-X", "-q", "-c", "BEGIN; LOCK TABLE \(leases) IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(10); COMMIT;"
                 ], stdinPath: "/dev/null", stdoutPath: "/dev/null", stderrPath: "/dev/null"))
         defer { _ = holder.wait(timeout: 30) }
         let locked = E2E.wait(10) {

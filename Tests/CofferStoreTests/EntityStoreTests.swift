@@ -502,7 +502,7 @@ struct EntityStoreTests {
     }
 
     /// The writer's page cache is large only while a group transaction is open (room for the whole
-    /// group); between transactions it is small, so metadata reads do not keep 20 MiB resident.
+    /// group); between transactions it is small, so metadata reads do not keep the group-size cache resident.
     @Test func writerCacheIsLargeOnlyInsideAGroup() throws {
         try withTempDir { dir in
             let (store, _, _) = try makeStore(in: dir)

@@ -103,17 +103,31 @@ final class Checkpointer: @unchecked Sendable {
             let quietFor = ContinuousClock.now - lastActivity
             let wal = walSize()
             let quiet = !urgent && quietFor >= idle
+            let overLimit = pendingFrames && !urgent && wal >= limit
             let due = quiet || (pendingFrames && (urgent || wal >= limit || wal >= freeSpace() / 4))
+            let cutDue = quiet && foldedWhileBusy
             if due {
                 pendingFrames = false
                 urgent = false
-                foldedWhileBusy = !quiet
+                // Only a fold forced by the size asks for a later cut: after a full disk's (urgent) one the WAL
+                // starts over in the space it has (checkpointSoon).
+                foldedWhileBusy = !quiet && overLimit
             }
             condition.unlock()
             if due {
                 _ = try? queue?.writeWithoutTransaction { db in
                     let folded = try db.checkpoint(.passive)
                     if quiet, folded.checkpointedFrameCount == folded.walFrameCount, walSize() > 0 { Self.truncateIfIdle(db) }
+                }
+                if cutDue, walSize() > 0 {
+                    // A reader's snapshot kept frames in, or the writer came within the cut's 50 ms: try again
+                    // after another quiet `idle`, unless a commit has set off its own pass meanwhile.
+                    condition.lock()
+                    if !pendingFrames {
+                        foldedWhileBusy = true
+                        lastActivity = .now
+                    }
+                    condition.unlock()
                 }
             } else {
                 condition.lock()

@@ -317,7 +317,10 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     }
 
     /// Bytes on disk of the database and its WAL.
-    public var sizeOnDisk: UInt64? {
+    public var sizeOnDisk: UInt64? { Self.sizeOnDisk(path: path) }
+
+    /// The store file and its WAL, in bytes (also of a store another process holds).
+    public static func sizeOnDisk(path: String) -> UInt64 {
         [path, path + "-wal"].reduce(0) { total, p in
             var st = stat()
             return total + (stat(p, &st) == 0 ? UInt64(st.st_size) : 0)

@@ -249,14 +249,22 @@ extension SQLiteBackend {
     // MARK: Counts
 
     public func counts() throws(StoreError) -> StoreCounts {
-        try writer { db in
-            var c = StoreCounts()
-            c.inodes = try Int.fetchOne(db, sql: "SELECT count(*) FROM inodes") ?? 0
-            c.entries = try Int.fetchOne(db, sql: "SELECT count(*) FROM dirents") ?? 0
-            c.chunks = try Int.fetchOne(db, sql: "SELECT count(*) FROM chunks") ?? 0
-            c.xattrs = try Int.fetchOne(db, sql: "SELECT count(*) FROM xattrs") ?? 0
-            c.chunkMapPages = try Int.fetchOne(db, sql: "SELECT count(*) FROM chunkmaps") ?? 0
-            return c
-        }
+        try writer { db in try Self.counts(db) }
+    }
+
+    /// The counts of the last commit only, in one read transaction on a reader: never the writer's open
+    /// group, and the writer is not held meanwhile.
+    public func committedCounts() throws(StoreError) -> StoreCounts {
+        do { return try pool.read { db in try Self.counts(db) } } catch { throw StoreError.sqlite(error) }
+    }
+
+    private static func counts(_ db: Database) throws -> StoreCounts {
+        var c = StoreCounts()
+        c.inodes = try Int.fetchOne(db, sql: "SELECT count(*) FROM inodes") ?? 0
+        c.entries = try Int.fetchOne(db, sql: "SELECT count(*) FROM dirents") ?? 0
+        c.chunks = try Int.fetchOne(db, sql: "SELECT count(*) FROM chunks") ?? 0
+        c.xattrs = try Int.fetchOne(db, sql: "SELECT count(*) FROM xattrs") ?? 0
+        c.chunkMapPages = try Int.fetchOne(db, sql: "SELECT count(*) FROM chunkmaps") ?? 0
+        return c
     }
 }
