@@ -37,18 +37,31 @@ struct UnmountCommand: ParsableCommand {
                         : "cannot unmount \(mnt): \(why.trimmingCharacters(in: .whitespacesAndNewlines))", code: ExitStatus.failure)
             }
             // The daemon commits after the kernel lets go; wait for it so "unmounted" means "durable".
-            if let pid = daemon, pid > 0, !lazy {
-                var waited = 0
-                while waited < 600, kill(pid, 0) == 0, !OtherProcess.hasEnded(pid) {
-                    usleep(50_000)
-                    waited += 1
-                }
-            }
+            if let pid = daemon, pid > 0, !lazy { try Self.awaitEnd(of: pid) }
         }
     }
 }
 
 extension UnmountCommand {
+    /// Waits for the daemon to end, saying so after 5 s: it commits what is pending after the kernel let go
+    /// (a full disk's deletes, a loaded machine can take minutes). After 10 minutes it stops waiting and fails.
+    static func awaitEnd(of pid: pid_t, limit: Double = 600) throws {
+        let start = Date()
+        var said = false
+        while kill(pid, 0) == 0, !OtherProcess.hasEnded(pid) {
+            let waited = Date().timeIntervalSince(start)
+            if waited >= limit {
+                throw CLIFailure(
+                    message: "the daemon (pid \(pid)) is still committing after \(Int(limit)) s; not waiting longer", code: ExitStatus.failure)
+            }
+            if !said, waited >= 5 {
+                printErr("coffer: waiting for the daemon (pid \(pid)) to finish committing")
+                said = true
+            }
+            usleep(50_000)
+        }
+    }
+
     /// A container without a directory to lock (PostgreSQL): the daemon is the `coffer mount`
     /// process (started with --ready-fd, or -f) whose argv names this mountpoint, or else one of
     /// `owner`'s (the mount's user) whose --config file does.
