@@ -120,40 +120,6 @@ struct SharedStoreTests {
         #expect(!backendA.isSole && !backendB.isSole, "neither is alone while both have leases")
     }
 
-    /// A mount that outlived a crashed one (whose row lapsed: no more renewals) removes that row at its next
-    /// renewal and is alone again, without waiting for a next mount to clean up; a live row of another machine
-    /// stays and keeps it from being alone.
-    @Test func aSurvivorIsAloneAgainOnceACrashedMountsLeaseLapsed() throws {
-        let made = try TestStore.create(.postgres, in: "")
-        let location = try #require(made.location)
-        let leaseA = try PostgresLease.take(location, purpose: "mount", machine: "survivor-a")
-        defer { leaseA.release() }
-        let a = try mountLike(made, holder: leaseA.me.holder)
-        defer { a.close() }
-        let backendA = try #require(a.backend as? PostgresBackend)
-        try a.awaitOtherGroups()
-        #expect(waitUntil(5) { backendA.isSole }, "alone once joined")
-        let admin = try PGConnection(location.conninfo)
-        defer { admin.close() }
-        let leases = "\"\(location.container)\".leases"
-        func rows(_ holder: String) throws -> Int64? {
-            try admin.execute("SELECT count(*) FROM \(leases) WHERE holder = $1", [.text(holder)]).int64(0, 0)
-        }
-        // A crashed machine's row that lapsed a moment ago.
-        try admin.execute("INSERT INTO \(leases) VALUES ('crashed', 'elsewhere', 1, 'crashed-machine', 'mount', now() - interval '1 second')")
-        #expect(waitUntil(5) { !backendA.isSole }, "another row: not alone")
-        try leaseA.renew()
-        #expect(try rows("crashed") == 0, "the lapsed row went at the renewal")
-        #expect(waitUntil(5) { backendA.isSole }, "alone again")
-        // A live row of another machine.
-        try admin.execute("INSERT INTO \(leases) VALUES ('live', 'elsewhere', 1, 'live-machine', 'mount', now() + interval '1 hour')")
-        #expect(waitUntil(5) { !backendA.isSole })
-        try leaseA.renew()
-        #expect(try rows("live") == 1, "a live row stays")
-        usleep(1_500_000)
-        #expect(!backendA.isSole, "not alone beside a live row")
-    }
-
     /// A mount alone that does not let go of the sole lock (a stopped process; here a session holding it)
     /// keeps a newcomer out for `joinWait` seconds, then the newcomer fails saying why; once the lock is
     /// gone it joins.

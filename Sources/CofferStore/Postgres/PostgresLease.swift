@@ -108,7 +108,11 @@ public final class PostgresLease: @unchecked Sendable {
             for i in 0..<r.rowCount {
                 let h = try Self.holder(r, i)
                 guard h.holder != me.holder else { continue }
-                if isStale(h, live: try r.bool(i, 5) ?? false) {
+                let live = try r.bool(i, 5) ?? false
+                // A lapsed row whose process still runs on this machine is a holder whose renewals are
+                // late (a stuck server connection, a suspended machine): it still counts.
+                let stillRunsHere = h.machine == me.machine && h.host == Self.hostName() && Self.isAlive(h.pid)
+                if live ? h.isGone(machine: me.machine) : !stillRunsHere {
                     try c.execute(sql.deleteLease, [.text(h.holder)])
                     continue
                 }
@@ -121,41 +125,16 @@ public final class PostgresLease: @unchecked Sendable {
         }
     }
 
-    /// A row that holds nothing any more: it lapsed, unless its process still runs on this machine (a holder
-    /// whose renewals are late: a stuck server connection, a suspended machine), or it lives but its process
-    /// on this machine is gone.
-    private func isStale(_ h: Holder, live: Bool) -> Bool {
-        let stillRunsHere = h.machine == me.machine && h.host == Self.hostName() && Self.isAlive(h.pid)
-        return live ? h.isGone(machine: me.machine) : !stillRunsHere
-    }
-
-    /// Removes other holders' stale rows (`isStale`), as a new holder's `acquire` does, so that a mount that
-    /// outlived a crashed one is alone again (PostgresListener's count) without waiting for the next mount.
-    /// A lapsed row is deleted only while still lapsed; its holder, if it comes back, finds its row gone,
-    /// takes it again and joins before its next group (`onRetaken`); its commits fail until then (`leaseLost`).
-    private func removeStaleRows() throws {
-        let r = try connection.execute(sql.leaseRows)
-        for i in 0..<r.rowCount {
-            let h = try Self.holder(r, i)
-            let live = try r.bool(i, 5) ?? false
-            guard h.holder != me.holder, isStale(h, live: live) else { continue }
-            try connection.execute(live ? sql.deleteLease : sql.deleteLapsedLease, [.text(h.holder)])
-        }
-    }
-
-    /// Extends the lease, then removes stale rows of others (`removeStaleRows`, best effort). The row is
-    /// renewed whatever its expiry (a server that was away longer than the lease lost no holder); when it was
-    /// removed meanwhile and an fsck now holds the container, throws `.held`.
+    /// Extends the lease. The row is renewed whatever its expiry (a server that was away longer than
+    /// the lease lost no holder); when it was removed meanwhile and an fsck now holds the container,
+    /// throws `.held`.
     public func renew() throws(Failure) {
         lock.lock()
         defer { lock.unlock() }
         guard !released else { return }
         do {
             if !connection.isAlive { try connection.reconnect(within: 1) }
-            if try connection.execute(sql.renewLease, [.text(me.holder), .int4(Int32(clamping: Self.duration))]).affectedRows == 1 {
-                try? removeStaleRows()
-                return
-            }
+            if try connection.execute(sql.renewLease, [.text(me.holder), .int4(Int32(clamping: Self.duration))]).affectedRows == 1 { return }
             // The row lapsed and was removed (this machine was cut off longer than the lease): take it
             // again unless an fsck holds the container now, and have the mount announce itself again.
             if let h = try acquire() { throw Failure.held(h) }

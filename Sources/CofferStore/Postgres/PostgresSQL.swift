@@ -57,8 +57,6 @@ struct PostgresSQL: Sendable {
             + "SELECT 1 / (SELECT count(*)::int FROM r)"
     }
     var deleteLease: String { "DELETE FROM \(q).leases WHERE holder = $1" }
-    /// A lapsed row, unless its holder renewed it meanwhile.
-    var deleteLapsedLease: String { "DELETE FROM \(q).leases WHERE holder = $1 AND expires <= now()" }
 
     // File locks shared by the mounts (PostgresLocks): plain numbers only (the inode's random id, the
     // holder's lease id, the kernel's lock owner, the range, the pid), each row tied to its holder's
