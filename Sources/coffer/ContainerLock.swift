@@ -40,7 +40,7 @@ final class ContainerLock {
     static func holder(root: String) -> pid_t? {
         var st = stat()
         guard stat(root, &st) == 0 else { return nil }
-        if let pid = flockHolder(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)) { return pid }
+        if let pid = flockHolder(device: UInt64(st.st_dev), inode: UInt64(st.st_ino), path: root) { return pid }
         if legacyFileIsLocked(root: root) { return 0 }
         // No /proc/locks to read (a restricted /proc): the probe is all there is.
         guard access("/proc/locks", R_OK) != 0 else { return nil }
@@ -89,7 +89,11 @@ final class ContainerLock {
 
     /// The process holding an flock on the file (device, inode), from /proc/locks, whose lines read
     /// `1: FLOCK  ADVISORY  WRITE 1752 fe:00:16220279 0 EOF` (major and minor in hex, at least two digits).
-    static func flockHolder(device: UInt64, inode: UInt64) -> pid_t? {
+    /// A line with the same inode on another device counts only if that process has `path` open: btrfs's stat
+    /// gives the subvolume's anonymous device and /proc/locks the filesystem's, but small filesystems (tmpfs)
+    /// repeat inode numbers, and another container's daemon was taken for this one's (a mount refused as
+    /// "already mounted", an unmount that waited for the wrong daemon).
+    static func flockHolder(device: UInt64, inode: UInt64, path: String) -> pid_t? {
         guard let table = try? String(contentsOfFile: "/proc/locks", encoding: .utf8) else { return nil }
         func hex(_ v: UInt64) -> String {
             let h = String(v, radix: 16)
@@ -98,14 +102,24 @@ final class ContainerLock {
         let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~UInt64(0xfff))
         let minor = (device & 0xff) | ((device >> 12) & ~UInt64(0xff))
         let id = "\(hex(major)):\(hex(minor)):\(inode)"
+        var sameInode: [pid_t] = []
         for line in table.split(separator: "\n") {
             let f = line.split(separator: " ")
             // Waiting requests read "1: -> FLOCK ...": not holders.
-            // The inode alone decides when the device differs (btrfs: stat gives the subvolume's
-            // anonymous device, /proc/locks the filesystem's).
-            guard f.count >= 6, f[1] == "FLOCK", f[5] == id || f[5].hasSuffix(":\(inode)") else { continue }
-            return pid_t(f[4])
+            guard f.count >= 6, f[1] == "FLOCK", let pid = pid_t(f[4]) else { continue }
+            if f[5] == id { return pid }
+            if f[5].hasSuffix(":\(inode)") { sameInode.append(pid) }
         }
-        return nil
+        return sameInode.first { hasOpen(pid: $0, path: path) }
+    }
+
+    /// Whether process `pid` has `path` open (its /proc/PID/fd links, which this user or root may read).
+    private static func hasOpen(pid: pid_t, path: String) -> Bool {
+        let dir = "/proc/\(pid)/fd"
+        let want = (path as NSString).standardizingPath
+        for fd in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] {
+            if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: dir + "/" + fd), target == want { return true }
+        }
+        return false
     }
 }

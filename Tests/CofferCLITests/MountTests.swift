@@ -567,6 +567,36 @@ struct MountTests {
         try body(sb, container, keep)
     }
 
+    /// Two containers on two small filesystems (tmpfs) whose directories have the same inode number: a mount
+    /// of one is no reason to refuse the other. /proc/locks names a lock by device and inode, and a lock on the
+    /// same inode elsewhere was taken for this container's (full-disk tests failed as "already mounted" when
+    /// they ran beside each other).
+    @Test func aLockOnTheSameInodeElsewhereIsNotThisContainers() throws {
+        let sb = try Sandbox("sameinode")
+        defer { sb.cleanup() }
+        var roots: [String] = []
+        for name in ["d1", "d2"] {
+            let disk = sb.root + "/" + name
+            try #require(mkdir(disk, 0o700) == 0)
+            try #require(E2E.sh("mount -t tmpfs -o size=8m tmpfs '\(disk)'").ok)
+            roots.append(disk)
+        }
+        defer { for disk in roots { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") } }
+        let a = roots[0] + "/c", b = roots[1] + "/c"
+        try #require(sb.initContainer(container: a).ok && sb.initContainer(container: b).ok)
+        let inodeA = try #require(E2E.statOf(a)).st_ino, inodeB = try #require(E2E.statOf(b)).st_ino
+        try #require(inodeA == inodeB, "the case needs the same inode number on both filesystems")
+        let mntB = sb.root + "/mb"
+        try #require(mkdir(mntB, 0o700) == 0)
+        try #require(sb.mount(container: a).ok)
+        let mountedB = sb.mount(container: b, at: mntB)
+        #expect(mountedB.ok, "\(mountedB)")
+        try E2E.write(mntB + "/f", "b")
+        #expect(sb.unmount(mntB).ok)
+        #expect(E2E.readText(sb.mnt + "/f") == nil, "two containers")
+        #expect(sb.unmount().ok)
+    }
+
     @Test func enospcLosesNothingSynced() throws {
         guard E2E.fuseAvailable else {
             print("skipped: /dev/fuse missing")
