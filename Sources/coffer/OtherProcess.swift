@@ -29,19 +29,6 @@ enum OtherProcess {
         return stat("/proc/\(pid)", &st) == 0 ? st.st_uid : nil
     }
 
-    /// True once it has ended: gone, or a zombie (ended, not yet reaped by its parent, a service manager or a
-    /// test) that still answers kill(pid, 0). A /proc entry that cannot be read says nothing: not ended.
-    static func hasEnded(_ pid: pid_t) -> Bool {
-        // /proc/PID/stat: "PID (COMMAND) STATE ...", where COMMAND may itself hold spaces and parentheses.
-        let fd = open("/proc/\(pid)/stat", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return errno == ENOENT || errno == ESRCH }
-        defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 1024)
-        let n = read(fd, &buffer, buffer.count)
-        guard n > 0, let end = buffer[0..<n].lastIndex(of: UInt8(ascii: ")")), end + 2 < n else { return false }
-        return buffer[end + 2] == UInt8(ascii: "Z") || buffer[end + 2] == UInt8(ascii: "X")
-    }
-
     /// A file another process names (its --config): read only if it is a regular file of at most 64 KiB,
     /// opened without blocking (a FIFO would hold the reader forever).
     static func smallRegularFile(_ path: String) -> String? {

@@ -48,7 +48,7 @@ extension UnmountCommand {
     static func awaitEnd(of pid: pid_t, limit: Double = 600) throws {
         let start = Date()
         var said = false
-        while kill(pid, 0) == 0, !OtherProcess.hasEnded(pid) {
+        while LocalProcess.isRunning(pid) {
             let waited = Date().timeIntervalSince(start)
             if waited >= limit {
                 throw CLIFailure(

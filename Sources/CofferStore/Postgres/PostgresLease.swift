@@ -165,14 +165,8 @@ public final class PostgresLease: @unchecked Sendable {
             machine: try r.text(row, 3) ?? "", purpose: try r.text(row, 4) ?? "mount")
     }
 
-    /// A process of this machine that still runs (EPERM: it runs under another user). A zombie does
-    /// not: a killed daemon nobody has reaped yet holds nothing.
-    static func isAlive(_ pid: Int32) -> Bool {
-        guard pid > 0, kill(pid, 0) == 0 || errno == EPERM else { return false }
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else { return true }
-        let state = stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first
-        return state != "Z" && state != "X"
-    }
+    /// A process of this machine that still runs (LocalProcess.isRunning).
+    static func isAlive(_ pid: Int32) -> Bool { LocalProcess.isRunning(pid) }
 
     public static func hostName() -> String {
         var buf = [CChar](repeating: 0, count: 256)
