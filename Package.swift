@@ -23,6 +23,8 @@ let package = Package(
 
         // Beside the system libraries: a SIGBUS guard for memory-mapped store reads (C: a signal handler).
         .target(name: "CMappedFault"),
+        // Beside the system libraries: hole punching and early writeback for segment files (GNU calls).
+        .target(name: "CFileSpace"),
 
         // Layer 5: crypto primitives and locked key memory.
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
@@ -30,7 +32,7 @@ let package = Package(
         .target(
             name: "CofferStore",
             dependencies: [
-                "CofferCrypto", "CMappedFault", "CPostgres",
+                "CofferCrypto", "CMappedFault", "CFileSpace", "CPostgres",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log")

@@ -121,6 +121,9 @@ enum CopyDestination {
         ] {
             unlink(path + "/" + f)
         }
+        let segments = path + "/" + Segments.directoryName
+        for f in (try? FileManager.default.contentsOfDirectory(atPath: segments)) ?? [] { unlink(segments + "/" + f) }
+        rmdir(segments)
     }
 
     private static func headerIdIn(_ path: String) -> String? {

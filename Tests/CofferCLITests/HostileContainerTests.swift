@@ -57,6 +57,15 @@ struct HostileContainerTests {
             for _ in range(rnd.choice([1, 1, 2, 8, 64])):
                 i = rnd.randrange(len(data)); data[i] ^= 1 << rnd.randrange(8)
             open(db_path, 'wb').write(bytes(data)); done.append('flipped bytes in the database file')
+            seg_dir = os.path.join(os.path.dirname(db_path), 'segments')
+            segs = sorted(os.listdir(seg_dir)) if os.path.isdir(seg_dir) else []
+            if segs and rnd.random() < 0.5:
+                name = os.path.join(seg_dir, rnd.choice(segs))
+                data = bytearray(open(name, 'rb').read())
+                if data:
+                    for _ in range(rnd.choice([1, 8, 64])):
+                        i = rnd.randrange(len(data)); data[i] ^= 1 << rnd.randrange(8)
+                    open(name, 'wb').write(bytes(data)); done.append('flipped bytes in a segment file')
 
         def flip_value():
             def f(db):

@@ -62,6 +62,8 @@ struct IntegrityTests {
             }
             let copy = sb.root + "/old"
             try #require(E2E.run("/bin/cp", ["-a", sb.container, copy]).ok)
+            // Its chunks back in their rows (TamperStore.inline_segments), as `edit` does to the store.
+            try #require(E2E.py(TamperStore.python + "connect(sys.argv[1]).close()", [copy + "/store.db"]).ok)
             return copy + "/store.db"
         }
 

@@ -247,16 +247,18 @@ struct MountTests {
     /// Someone truncates `store.db` while it is mounted (a sync client replacing it, an attacker): the
     /// reads that needed the lost pages fail with EIO, and the daemon lives on and unmounts. The readers
     /// map the store, so without the SIGBUS guard (CMappedFault) the first such read killed the daemon.
+    /// Files of 7000 bytes: their chunks are held in their rows (larger ones go to segment files, whose
+    /// truncation is tested below).
     @Test func truncatingTheStoreWhileMountedGivesEIONotACrash() throws {
         let sb = try Sandbox("truncstore")
         defer { sb.cleanup() }
         try sb.initAndMount()
-        let files = (0..<300).map { sb.mnt + "/f\($0)" }
-        for f in files { try E2E.write(f, E2E.randomBytes(65536)) }
+        let files = (0..<400).map { sb.mnt + "/f\($0)" }
+        for f in files { try E2E.write(f, E2E.randomBytes(7000)) }
         #expect(E2E.sh("sync '\(sb.mnt)'").ok)
         usleep(2_500_000)  // the idle checkpoint moves the pages into store.db, where the readers map them
         let pid = try #require(E2E.daemonPid(container: sb.container))
-        let direct = "for f in \"$@\"; do dd if=\"$f\" of=/dev/null iflag=direct bs=64k status=none || echo \"failed $f\"; done"
+        let direct = "for f in \"$@\"; do dd if=\"$f\" of=/dev/null iflag=direct bs=8k status=none || echo \"failed $f\"; done"
         let first = E2E.run("/bin/sh", ["-c", direct, "sh"] + files)
         try #require(first.ok && !first.stdout.contains("failed"), "reads before the truncation: \(first)")
         #expect(truncate(sb.container + "/store.db", 1 << 20) == 0)
@@ -266,6 +268,26 @@ struct MountTests {
         #expect(E2E.isAlive(pid), "the daemon died when the store was truncated under it")
         #expect(sb.unmount().ok)
         #expect(E2E.wait(10) { !E2E.isAlive(pid) })
+    }
+
+    /// A segment file truncated under the mount: the files whose chunks were in it fail with EIO, the
+    /// others read, and the daemon lives on.
+    @Test func truncatingASegmentWhileMountedGivesEIOOnItsFilesOnly() throws {
+        let sb = try Sandbox("truncsegment")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let small = E2E.randomBytes(3000)
+        try E2E.write(sb.mnt + "/small", small)
+        for i in 0..<4 { try E2E.write(sb.mnt + "/big\(i)", E2E.randomBytes(200_000)) }
+        #expect(E2E.sh("sync '\(sb.mnt)'").ok)
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        #expect(truncate(sb.container + "/segments/1", 100_000) == 0)
+        let r = E2E.sh("for i in 0 1 2 3; do dd if='\(sb.mnt)'/big$i of=/dev/null iflag=direct bs=64k status=none || echo failed; done")
+        #expect(r.stdout.components(separatedBy: "failed").count - 1 == 4, "\(r)")
+        #expect(r.stderr.contains("Input/output error"), "\(r)")
+        #expect(E2E.read(sb.mnt + "/small") == small, "a file held in its row is untouched")
+        #expect(E2E.isAlive(pid), "the daemon died")
+        #expect(sb.unmount().ok)
     }
 
     @Test func unmountOfSomethingElseIsRefused() throws {

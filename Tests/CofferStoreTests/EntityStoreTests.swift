@@ -152,6 +152,7 @@ struct EntityStoreTests {
     @Test func aQuietStoreCutsItsWALToNothing() throws {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
+            store.sqlite.segmentThreshold = .max  // content in rows: this is about the WAL
             defer { store.close() }
             let file = try EntityStore.newContentId()
             try store.putTestChunks(file: file, count: 64, seed: 3, keys: keys)  // 4 MiB
@@ -403,6 +404,7 @@ struct EntityStoreTests {
     @Test func firstCommitAfterACrashRewritesTheWALInPlace() throws {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
+            store.sqlite.segmentThreshold = .max  // content in rows: this is about the WAL
             defer { store.close() }
             // One large commit: its frames fill the WAL file to its end. Then they are checkpointed.
             let file = try EntityStore.newContentId()

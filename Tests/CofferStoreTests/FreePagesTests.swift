@@ -28,6 +28,7 @@ struct FreePagesTests {
     @Test func deletedContentShrinksTheStoreAndMovedPagesStayIntact() throws {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
+            store.sqlite.segmentThreshold = .max  // content in rows, as small chunks are held
             let big = try EntityStore.newContentId(), kept = try EntityStore.newContentId()
             try store.putTestChunks(file: big, count: 512, seed: 1, keys: keys)  // 32 MiB
             try store.putTestChunks(file: kept, count: 64, seed: 100, keys: keys)  // 4 MiB, after it in the file
@@ -72,6 +73,7 @@ struct FreePagesTests {
     @Test func marginOlderStoresAndReadOnlyStoresAreLeftAlone() throws {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
+            store.sqlite.segmentThreshold = .max  // content in rows, as small chunks are held
             let file = try EntityStore.newContentId()
             try store.putTestChunks(file: file, count: 64, seed: 7, keys: keys)  // 4 MiB: under the 8 MiB margin once freed
             try store.commit()

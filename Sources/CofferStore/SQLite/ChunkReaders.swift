@@ -8,14 +8,21 @@ import Synchronization
 /// to the caller straight from SQLite's buffer, writes bind the sealed bytes without copying.
 /// GRDB's row and pool machinery cost more than the query itself here (docs/MEASUREMENTS.md).
 enum RawSQLite {
-    /// Steps `stmt` (bound by the caller) and calls `body` for each (idx, value) row.
-    static func forEachRow(_ stmt: OpaquePointer, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
+    /// Steps `stmt` (bound by the caller; columns idx, value, seg, off, len) and calls `body` for each
+    /// row with its sealed bytes: the row's value, or the range of a segment file it points at.
+    static func forEachRow(_ stmt: OpaquePointer, segments: Segments?, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
         defer { sqlite3_reset(stmt) }
         while true {
             let rc = sqlite3_step(stmt)
             if rc == SQLITE_DONE { return }
             guard rc == SQLITE_ROW else { throw StoreError.sqlite(code: rc, stmt) }
             let idx = UInt64(bitPattern: sqlite3_column_int64(stmt, 0))
+            if let segments, sqlite3_column_type(stmt, 2) != SQLITE_NULL {
+                try segments.read(sqlite3_column_int64(stmt, 2), offset: sqlite3_column_int64(stmt, 3), length: sqlite3_column_int64(stmt, 4)) {
+                    try body(idx, $0)
+                }
+                continue
+            }
             let n = Int(sqlite3_column_bytes(stmt, 1))
             guard let p = sqlite3_column_blob(stmt, 1) else {
                 try body(idx, UnsafeRawBufferPointer(start: nil, count: 0))
@@ -44,7 +51,11 @@ enum RawSQLite {
 /// faults after it, which made random 4 KiB reads in a large file a fifth slower: the store sends
 /// only the first chunks of each file through the mapped pool (`SQLiteBackend.forEachChunk`).
 final class ChunkReaders: @unchecked Sendable {
-    static let selectRange = "SELECT idx, value FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"
+    static func rangeQuery(_ columns: String) -> String {
+        "SELECT \(columns) FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx"
+    }
+    /// A store made before segments, opened read-only, has no segment columns.
+    static let selectRange = rangeQuery("idx, value, seg, off, len"), selectRangeWithoutSegments = rangeQuery("idx, value, NULL, NULL, NULL")
     /// The mapping asked for, and the other size a remap switches to (below SQLITE_MAX_MMAP_SIZE,
     /// 2 GiB less 64 KiB by default, which would cap both to one value; pages beyond are read with pread).
     static let mapLimit: Int64 = 2047 << 20, otherMapLimit: Int64 = 2046 << 20
@@ -78,6 +89,8 @@ final class ChunkReaders: @unchecked Sendable {
 
     private let path: String
     private let maps: Bool
+    /// Where rows that hold no bytes point (set once, before the first read).
+    var segments: Segments?
     /// Remaps so far (tests look).
     let remaps = Atomic<Int>(0)
     private var idle: [Connection] = []
@@ -127,7 +140,10 @@ final class ChunkReaders: @unchecked Sendable {
         sqlite3_busy_timeout(db, 10_000)
         sqlite3_exec(db, "PRAGMA mmap_size = \(maps ? Self.mapLimit : 0)", nil, nil, nil)
         var stmt: OpaquePointer?
-        guard sqlite3_prepare_v3(db, Self.selectRange, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil) == SQLITE_OK, let stmt else {
+        let prepared = [Self.selectRange, Self.selectRangeWithoutSegments].contains { (sql: String) -> Bool in
+            sqlite3_prepare_v3(db, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil) == SQLITE_OK
+        }
+        guard prepared, let stmt else {
             sqlite3_close_v2(db)
             throw StoreError.database("cannot prepare the chunk reader")
         }

@@ -28,7 +28,9 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     /// (whose content must be read through the writer).
     struct Pending {
         var changes = 0
+        /// Bytes for the WAL, and bytes appended to segment files.
         var bytes = 0
+        var segmentBytes = 0
         /// Statements that add no bytes (deletes): they still dirty pages, which go to the WAL.
         var deletes = 0
         /// Where `isCommitDue` last looked at the disk (MiB written + 32-delete steps).
@@ -42,6 +44,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
             since = nil
             changes = 0
             bytes = 0
+            segmentBytes = 0
             deletes = 0
             probed = 0
             dirtyFiles.removeAll()
@@ -67,6 +70,14 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     private(set) var vacuumsIncrementally = false
     /// Set up for writing (`startWriting`): only then does closing fold the WAL in.
     private var writing = false
+    /// Large content chunks live in segment files beside the store (Segments.swift); `hasSegments`
+    /// when its `chunks` table has the columns that point there.
+    let segments: Segments
+    var hasSegments = false
+    /// Sealed chunks at least this long go to a segment (tests of content held in rows, as small chunks
+    /// and stores made before segments hold it, raise it).
+    var segmentThreshold = Segments.minimumLength
+    let segmentPins = Mutex(SegmentPins())
 
     private init(path: String, pool: DatabasePool, readOnly: Bool, location: String? = nil) {
         self.path = path
@@ -74,6 +85,9 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         self.readOnly = readOnly
         self.mappedReaders = ChunkReaders(path: location ?? path, maps: true)
         self.preadReaders = ChunkReaders(path: location ?? path, maps: false)
+        self.segments = Segments(directory: (path as NSString).deletingLastPathComponent + "/" + Segments.directoryName)
+        mappedReaders.segments = segments
+        preadReaders.segments = segments
     }
 
     // MARK: Opening
@@ -137,7 +151,8 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
                         CREATE TABLE coffer_kinds(kind INTEGER PRIMARY KEY, name TEXT NOT NULL, transformer TEXT NOT NULL);
                         CREATE TABLE inodes(id INTEGER PRIMARY KEY, value BLOB NOT NULL);
                         CREATE TABLE dirents(parent BLOB NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(parent, tag)) WITHOUT ROWID;
-                        CREATE TABLE chunks(file INTEGER NOT NULL, idx INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, idx));
+                        CREATE TABLE chunks(file INTEGER NOT NULL, idx INTEGER NOT NULL, value BLOB NOT NULL, seg INTEGER, off INTEGER, len INTEGER,
+                            PRIMARY KEY(file, idx));
                         CREATE TABLE xattrs(inode INTEGER NOT NULL, tag BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY(inode, tag)) WITHOUT ROWID;
                         CREATE TABLE orphans(id INTEGER PRIMARY KEY);
                         CREATE TABLE chunkmaps(file INTEGER NOT NULL, page INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY(file, page));
@@ -145,6 +160,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
             }
             let backend = SQLiteBackend(path: path, pool: pool, readOnly: false)
             try backend.readSettings()
+            try backend.setUpSegments()
             backend.writing = true
             return backend
         } catch { throw StoreError.sqlite(error) }
@@ -159,7 +175,9 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         do { pool = try DatabasePool(path: location, configuration: configuration(readOnly: readOnly)) } catch {
             throw .notAStore("\(error)")
         }
-        return SQLiteBackend(path: path, pool: pool, readOnly: readOnly, location: location)
+        let backend = SQLiteBackend(path: path, pool: pool, readOnly: readOnly, location: location)
+        backend.hasSegments = (try? pool.unsafeRead { try hasSegmentColumns($0) }) ?? false
+        return backend
     }
 
     /// Sets up writing, once the store is known to be the container's: writer settings, the
@@ -175,6 +193,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         reserve = SpaceReserve(directory: (path as NSString).deletingLastPathComponent)
         writing = true
         foldInLeftoverWAL()
+        do { try setUpSegments() } catch { throw .database("cannot set up the segment files: \(error)") }
     }
 
     /// On the writer: a reader opened next to a new store's first writes made them fail with
@@ -303,6 +322,8 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         checkpointer = nil
         mappedReaders.closeAll()
         preadReaders.closeAll()
+        segments.closeAppender()
+        segments.forgetAll()
         var folded = false
         // A snapshot's read transaction (beginSnapshot) ends here.
         if readOnly { try? pool.writeWithoutTransaction { db in if db.isInsideTransaction { try db.execute(sql: "ROLLBACK") } } }
@@ -316,14 +337,16 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         }
     }
 
-    /// Bytes on disk of the database and its WAL.
+    /// Bytes on disk of the database, its WAL and its segments.
     public var sizeOnDisk: UInt64? { Self.sizeOnDisk(path: path) }
 
-    /// The store file and its WAL, in bytes (also of a store another process holds).
+    /// The store file and its WAL, in bytes, and the space its segments take (also of a store another
+    /// process holds).
     public static func sizeOnDisk(path: String) -> UInt64 {
-        [path, path + "-wal"].reduce(0) { total, p in
+        let files = [path, path + "-wal"].reduce(UInt64(0)) { total, p in
             var st = stat()
             return total + (stat(p, &st) == 0 ? UInt64(st.st_size) : 0)
         }
+        return files + Segments.allocatedBytes(directory: (path as NSString).deletingLastPathComponent + "/" + Segments.directoryName)
     }
 }

@@ -35,10 +35,15 @@ extension SQLiteBackend {
 /// can open it (unix-excl VFS).
 extension SQLiteBackend {
     /// Writes the last committed state to `path` (an empty file or none) with `VACUUM INTO`, on a reader
-    /// connection: one read transaction, so the copy is consistent and the writer is never held up.
+    /// connection: one read transaction, so the copy is consistent and the writer is never held up. The
+    /// chunks it names in segment files are then copied into its rows (the snapshot stands alone); no
+    /// segment space is given back meanwhile, so they are still there to be read.
     public func snapshot(into path: String) throws(StoreError) {
+        pinSegments()
+        defer { unpinSegments() }
         do {
             try pool.unsafeRead { db in try db.execute(sql: "VACUUM INTO ?", arguments: [path]) }
+            try inlineSegments(into: path)
         } catch { throw StoreError.sqlite(error) }
     }
 }

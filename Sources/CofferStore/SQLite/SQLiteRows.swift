@@ -99,15 +99,15 @@ extension SQLiteBackend {
         let dirty = readOnly ? false : pending.withLock { $0.dirtyFiles.contains(file) }
         if dirty {
             try writer { db in
-                let stmt = try db.cachedStatement(sql: ChunkReaders.selectRange).sqliteStatement
+                let stmt = try db.cachedStatement(sql: ChunkReaders.rangeQuery(chunkColumns)).sqliteStatement
                 RawSQLite.bindRange(stmt, file: file, first: first, last: last)
-                try RawSQLite.forEachRow(stmt, body)
+                try RawSQLite.forEachRow(stmt, segments: segments, body)
             }
         } else {
             do {
                 try (first < Self.mappedChunks ? mappedReaders : preadReaders).with { c in
                     RawSQLite.bindRange(c.select, file: file, first: first, last: last)
-                    try RawSQLite.forEachRow(c.select) { index, sealed in
+                    try RawSQLite.forEachRow(c.select, segments: segments) { index, sealed in
                         c.bytesSinceMap += sealed.count
                         try body(index, sealed)
                     }
@@ -116,16 +116,29 @@ extension SQLiteBackend {
         }
     }
 
-    /// Writes several chunks of one file in one writer visit, binding the sealed bytes in place.
+    /// Writes several chunks of one file in one writer visit, binding the sealed bytes in place. Large
+    /// chunks are appended to a segment file and their rows say where (SegmentRows.swift).
     public func putChunks(file: UInt64, _ chunks: [(index: UInt64, sealed: [UInt8])]) throws(StoreError) {
+        let toSegments = hasSegments ? chunks.reduce(0) { $0 + ($1.sealed.count >= segmentThreshold ? $1.sealed.count : 0) } : 0
         let total = chunks.reduce(0) { $0 + $1.sealed.count }
-        try write(bytes: total, file: file) { db in
-            let stmt = try db.cachedStatement(sql: "INSERT OR REPLACE INTO chunks(file, idx, value) VALUES (?, ?, ?)").sqliteStatement
+        try write(bytes: total - toSegments, outsideWAL: toSegments, file: file) { db in
+            let stmt = try db.cachedStatement(sql: "INSERT OR REPLACE INTO chunks(file, idx, value, seg, off, len) VALUES (?, ?, ?, ?, ?, ?)")
+                .sqliteStatement
             for c in chunks {
                 sqlite3_reset(stmt)
                 sqlite3_bind_int64(stmt, 1, Int64(bitPattern: file))
                 sqlite3_bind_int64(stmt, 2, Int64(bitPattern: c.index))
-                let rc = c.sealed.withUnsafeBytes { sqlite3_bind_blob(stmt, 3, $0.baseAddress, Int32($0.count), nil) }
+                let rc: Int32
+                if hasSegments, c.sealed.count >= segmentThreshold {
+                    let (segment, offset) = try c.sealed.withUnsafeBytes { try appendToSegment(db, $0) }
+                    sqlite3_bind_zeroblob(stmt, 3, 0)
+                    sqlite3_bind_int64(stmt, 4, segment)
+                    sqlite3_bind_int64(stmt, 5, offset)
+                    rc = sqlite3_bind_int64(stmt, 6, Int64(c.sealed.count))
+                } else {
+                    for column: Int32 in 4...6 { sqlite3_bind_null(stmt, column) }
+                    rc = c.sealed.withUnsafeBytes { sqlite3_bind_blob(stmt, 3, $0.baseAddress, Int32($0.count), nil) }
+                }
                 guard rc == SQLITE_OK else { throw StoreError.sqlite(code: rc, stmt) }
                 let step = sqlite3_step(stmt)
                 // Reset before unbinding (binding a statement that is still running is a misuse): the

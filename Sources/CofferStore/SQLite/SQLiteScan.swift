@@ -33,11 +33,11 @@ extension SQLiteBackend {
     public func forEachChunkRow(file: UInt64, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
         try writer { db in
             // The statement object owns the SQLite statement: keep it alive while stepping.
-            let statement = try db.makeStatement(sql: "SELECT idx, value FROM chunks WHERE file = ? ORDER BY idx")
+            let statement = try db.makeStatement(sql: "SELECT \(chunkColumns) FROM chunks WHERE file = ? ORDER BY idx")
             try withExtendedLifetime(statement) {
                 let stmt = statement.sqliteStatement
                 sqlite3_bind_int64(stmt, 1, Int64(bitPattern: file))
-                try RawSQLite.forEachRow(stmt, body)
+                try RawSQLite.forEachRow(stmt, segments: segments, body)
             }
         }
     }

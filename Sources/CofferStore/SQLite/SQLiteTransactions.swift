@@ -8,9 +8,10 @@ import GRDBSQLite
 /// in and refusing to grow the file into space that is not there.
 extension SQLiteBackend {
     /// Runs `body` on the writer connection inside the open group transaction (begun here when
-    /// none is open). `bytes` is what the statement adds (0: a delete); `file` marks content whose
-    /// reads must go through the writer until the commit.
-    func write<T>(bytes: Int = 0, file: UInt64? = nil, _ body: (Database) throws -> T) throws(StoreError) -> T {
+    /// none is open). `bytes` is what the statement adds to the WAL (0 and no `outsideWAL`: a delete),
+    /// `outsideWAL` what it appends to segment files; `file` marks content whose reads must go through
+    /// the writer until the commit.
+    func write<T>(bytes: Int = 0, outsideWAL: Int = 0, file: UInt64? = nil, _ body: (Database) throws -> T) throws(StoreError) -> T {
         guard !readOnly else { throw .readOnly }
         return try writer { db in
             if !db.isInsideTransaction {
@@ -22,7 +23,8 @@ extension SQLiteBackend {
             pending.withLock { p in
                 p.changes += 1
                 p.bytes += bytes
-                if bytes == 0 { p.deletes += 1 }
+                p.segmentBytes += outsideWAL
+                if bytes == 0 && outsideWAL == 0 { p.deletes += 1 }
                 if let file { p.dirtyFiles.insert(file) }
             }
             return result
@@ -93,6 +95,7 @@ extension SQLiteBackend {
 
     func droppedTransaction(_ error: StoreError) {
         pending.withLock { $0.clearTransaction() }
+        segmentsRolledBack()
         checkpointer?.checkpointSoon()
         onRollback?(error)
     }
@@ -108,8 +111,10 @@ extension SQLiteBackend {
             if db.isInsideTransaction {
                 let sealed = try state()
                 let low = isLowOnSpace()
+                let freed: FreedSegmentSpace
                 do {
                     try db.execute(sql: "INSERT OR REPLACE INTO coffer_meta(name, value) VALUES ('state', ?)", arguments: [Data(sealed)])
+                    freed = try segmentsBeforeCommit(db)
                     if low { try refuseGrowthWithoutRoom(db) }
                     try db.execute(sql: "COMMIT")
                     try? db.execute(sql: "PRAGMA cache_size = -\(Self.idleWriterCacheKiB)")
@@ -125,6 +130,13 @@ extension SQLiteBackend {
                     p.unsynced = true
                 }
                 committed = true
+                // Freed segment space goes only once no state the disk may still come back to names it.
+                if !freed.isEmpty, (try? syncWAL()) != nil {
+                    pending.withLock { $0.unsynced = false }
+                    segmentsCommitted(freed)
+                } else {
+                    segmentsCommitted(FreedSegmentSpace())
+                }
                 if low { _ = try? db.checkpoint(.passive) }
                 // Taken back once the disk has room for it and a little more (deletes free pages inside
                 // the database file, not on the disk, so on a disk the container fills this may take
@@ -202,9 +214,10 @@ extension SQLiteBackend {
                 guard let since = p.since else { return nil }
                 // Called on every write and unlink: look at the disk (statvfs, stat) once per MiB
                 // written or 32 deletes more, not on each call.
-                let step = p.bytes >> 20 + p.deletes / 32
+                let bytes = p.bytes + p.segmentBytes
+                let step = bytes >> 20 + p.deletes / 32
                 defer { p.probed = step }
-                return (since, p.bytes, p.deletes, step != p.probed)
+                return (since, bytes, p.deletes, step != p.probed)
             })
         else { return false }
         if bytes >= volume || ContinuousClock.now - since >= age { return true }

@@ -1,0 +1,11 @@
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include "file_space.h"
+
+int coffer_punch_hole(int fd, off_t offset, off_t length) {
+    return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
+}
+
+int coffer_start_writeback(int fd, off_t offset, off_t length) {
+    return sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE);
+}

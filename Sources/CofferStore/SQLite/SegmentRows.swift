@@ -1,0 +1,208 @@
+import Foundation
+import GRDB
+import GRDBSQLite
+import Glibc
+import Synchronization
+
+/// How the rows of `chunks` point into segment files (Segments.swift, docs/FORMAT.md "Segments").
+///
+/// A row whose `seg` is set holds no bytes (`value` is empty): its sealed chunk is the `len` bytes at
+/// `off` of segment file `seg`. Table `segments` lists the segment files with how many of their bytes
+/// committed rows still name (`live`). The writer keeps that count with temporary triggers of its own
+/// connection (never stored in the file), which also list every range a delete or a replace freed;
+/// after the commit that freed them is on disk, those ranges are punched out of their files, and a
+/// segment no row names any more is removed.
+extension SQLiteBackend {
+    /// Tables of a store that keeps content in segments (new stores have the columns from the start).
+    static let segmentTables = """
+        CREATE TABLE IF NOT EXISTS segments(id INTEGER PRIMARY KEY, size INTEGER NOT NULL, live INTEGER NOT NULL);
+        CREATE INDEX IF NOT EXISTS chunks_by_segment ON chunks(seg, off, len) WHERE seg IS NOT NULL;
+        """
+
+    /// The writer's own bookkeeping: live byte counts and the ranges freed by the open transaction.
+    /// `recursive_triggers` makes INSERT OR REPLACE fire the delete trigger for the row it replaces.
+    static let segmentTriggers = """
+        PRAGMA recursive_triggers = ON;
+        CREATE TEMP TABLE IF NOT EXISTS freed_chunks(seg INTEGER NOT NULL, off INTEGER NOT NULL, len INTEGER NOT NULL);
+        CREATE TEMP TRIGGER IF NOT EXISTS chunk_added AFTER INSERT ON main.chunks WHEN new.seg IS NOT NULL
+        BEGIN UPDATE segments SET live = live + new.len WHERE id = new.seg; END;
+        CREATE TEMP TRIGGER IF NOT EXISTS chunk_removed AFTER DELETE ON main.chunks WHEN old.seg IS NOT NULL
+        BEGIN
+            UPDATE segments SET live = live - old.len WHERE id = old.seg;
+            INSERT INTO freed_chunks(seg, off, len) VALUES (old.seg, old.off, old.len);
+        END;
+        CREATE TEMP TRIGGER IF NOT EXISTS chunk_moved_out AFTER UPDATE OF seg, off, len ON main.chunks WHEN old.seg IS NOT NULL
+        BEGIN
+            UPDATE segments SET live = live - old.len WHERE id = old.seg;
+            INSERT INTO freed_chunks(seg, off, len) VALUES (old.seg, old.off, old.len);
+        END;
+        CREATE TEMP TRIGGER IF NOT EXISTS chunk_moved_in AFTER UPDATE OF seg, off, len ON main.chunks WHEN new.seg IS NOT NULL
+        BEGIN UPDATE segments SET live = live + new.len WHERE id = new.seg; END;
+        """
+
+    /// Whether the store's `chunks` table has the segment columns (stores made before 2026-11-27 get
+    /// them when first opened for writing).
+    static func hasSegmentColumns(_ db: Database) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT count(*) > 0 FROM pragma_table_info('chunks') WHERE name = 'seg'") ?? false
+    }
+
+    /// The columns a chunk read selects: index, value, and where the value lies when not in the row.
+    var chunkColumns: String { hasSegments ? "idx, value, seg, off, len" : "idx, value, NULL, NULL, NULL" }
+
+    /// On the writer, before any write: the columns and tables (older stores), the triggers, and
+    /// what a crash left: live counts recounted from the rows, segments no row names removed, files
+    /// no row lists (made by a transaction that never committed) removed.
+    func setUpSegments() throws {
+        let unnamed = try pool.writeWithoutTransaction { db -> [Int64] in
+            if !(try Self.hasSegmentColumns(db)) {
+                try db.inTransaction {
+                    try db.execute(sql: "ALTER TABLE chunks ADD COLUMN seg INTEGER")
+                    try db.execute(sql: "ALTER TABLE chunks ADD COLUMN off INTEGER")
+                    try db.execute(sql: "ALTER TABLE chunks ADD COLUMN len INTEGER")
+                    return .commit
+                }
+            }
+            try db.execute(sql: Self.segmentTables)
+            try db.execute(sql: Self.segmentTriggers)
+            var keep = Set<Int64>()
+            try db.inTransaction {
+                try db.execute(
+                    sql: "UPDATE segments SET live = coalesce((SELECT sum(len) FROM chunks WHERE seg = segments.id), 0)")
+                let last = try Int64.fetchOne(db, sql: "SELECT max(id) FROM segments") ?? 0
+                try db.execute(sql: "DELETE FROM segments WHERE live <= 0 AND id != ?", arguments: [last])
+                keep = Set(try Int64.fetchAll(db, sql: "SELECT id FROM segments"))
+                return .commit
+            }
+            return segments.idsOnDisk().filter { !keep.contains($0) }
+        }
+        hasSegments = true
+        segments.remove(unnamed)
+    }
+
+    /// Puts one sealed chunk in the appending segment (starting a new one when it is full); returns
+    /// where it went. On the writer, inside the group transaction.
+    func appendToSegment(_ db: Database, _ sealed: UnsafeRawBufferPointer) throws -> (segment: Int64, offset: Int64) {
+        if segments.appender == nil {
+            // The last segment, if it has room and opens (else a new one: the last may be damaged).
+            let last = try Row.fetchOne(db, sql: "SELECT id, size FROM segments ORDER BY id DESC LIMIT 1")
+            if let last, let id = Self.int64(last, 0), let size = Self.int64(last, 1), size >= 0, size < Segments.segmentLength {
+                try? segments.openAppender(id, end: size, create: false)
+            }
+            if segments.appender == nil { try startSegment(db) }
+        }
+        if let a = segments.appender, a.end > 0, a.end + Int64(sealed.count) > Segments.segmentLength {
+            try segments.syncAppender()
+            try db.execute(sql: "UPDATE segments SET size = ? WHERE id = ?", arguments: [a.end, a.id])
+            try startSegment(db)
+        }
+        guard let id = segments.appender?.id else { throw StoreError.database("no segment is open for appending") }
+        return (id, try segments.append(sealed))
+    }
+
+    private func startSegment(_ db: Database) throws {
+        let id = (try Int64.fetchOne(db, sql: "SELECT max(id) FROM segments") ?? 0) + 1
+        // Made with the first segment: a store of small files only has none.
+        mkdir(segments.directory, 0o700)
+        // A file of that name has no row: a transaction that made it never committed.
+        unlink(segments.path(id))
+        try db.execute(sql: "INSERT INTO segments(id, size, live) VALUES (?, 0, 0)", arguments: [id])
+        segments.madeInTransaction.append(id)
+        try segments.openAppender(id, end: 0, create: true)
+    }
+
+    /// What a commit freed: ranges to punch and segments to remove once it is on disk.
+    struct FreedSegmentSpace {
+        var ranges: [(segment: Int64, offset: Int64, length: Int64)] = []
+        var segments: [Int64] = []
+        var isEmpty: Bool { ranges.isEmpty && segments.isEmpty }
+    }
+
+    /// Inside the group transaction, right before COMMIT: the appended bytes reach the disk first (the
+    /// commit names them), the appending segment's length is recorded, and what the transaction freed
+    /// is taken out of the tables.
+    func segmentsBeforeCommit(_ db: Database) throws -> FreedSegmentSpace {
+        guard hasSegments else { return FreedSegmentSpace() }
+        try segments.syncAppender()
+        let appending = segments.appender?.id ?? 0
+        if let a = segments.appender { try db.execute(sql: "UPDATE segments SET size = ? WHERE id = ?", arguments: [a.end, a.id]) }
+        var freed = FreedSegmentSpace()
+        freed.segments = try Int64.fetchAll(
+            db,
+            sql: "SELECT id FROM segments WHERE live <= 0 AND id != ? AND NOT EXISTS (SELECT 1 FROM chunks WHERE seg = segments.id)",
+            arguments: [appending])
+        if !freed.segments.isEmpty {
+            try db.execute(sql: "DELETE FROM segments WHERE id IN (\(freed.segments.map(String.init).joined(separator: ",")))")
+        }
+        let dead = Set(freed.segments)
+        for row in try Row.fetchAll(db, sql: "SELECT seg, off, len FROM temp.freed_chunks") {
+            guard let s = Self.int64(row, 0), let o = Self.int64(row, 1), let l = Self.int64(row, 2), !dead.contains(s) else { continue }
+            freed.ranges.append((s, o, l))
+        }
+        try db.execute(sql: "DELETE FROM temp.freed_chunks")
+        return freed
+    }
+
+    /// After the commit: its segments are settled. What it freed goes once the commit is on disk
+    /// (`durable` says it already is), unless a snapshot is reading the segments (then when it ends).
+    func segmentsCommitted(_ freed: FreedSegmentSpace) {
+        segments.madeInTransaction.removeAll()
+        guard !freed.isEmpty else { return }
+        segmentPins.withLock { p in
+            if p.count > 0 {
+                p.waiting.ranges += freed.ranges
+                p.waiting.segments += freed.segments
+            } else {
+                segments.punch(freed.ranges)
+                segments.remove(freed.segments)
+            }
+        }
+    }
+
+    /// The open transaction is gone: so are the segments it made, and what it appended is cut off
+    /// when the appending segment is opened again.
+    func segmentsRolledBack() {
+        segments.closeAppender()
+        segments.remove(segments.madeInTransaction)
+        segments.madeInTransaction.removeAll()
+    }
+
+    /// While pinned, freed segment space is kept (a snapshot reads segments after its read transaction).
+    func pinSegments() { segmentPins.withLock { $0.count += 1 } }
+
+    func unpinSegments() {
+        segmentPins.withLock { p in
+            p.count -= 1
+            guard p.count == 0 else { return }
+            segments.punch(p.waiting.ranges)
+            segments.remove(p.waiting.segments)
+            p.waiting = FreedSegmentSpace()
+        }
+    }
+
+    struct SegmentPins {
+        var count = 0
+        var waiting = FreedSegmentSpace()
+    }
+
+    /// An integer column of a row that a hostile store may have filled with anything else (GRDB's
+    /// subscript would trap on it).
+    static func int64(_ row: Row, _ i: Int) -> Int64? { (try? row.decode(Int64?.self, atIndex: i)) ?? nil }
+
+    /// Rewrites every row of the store at `path` (a snapshot of this one) that points into a segment to
+    /// hold its sealed bytes itself, so the snapshot stands alone.
+    func inlineSegments(into path: String) throws {
+        let queue = try DatabaseQueue(path: path)
+        defer { try? queue.close() }
+        try queue.write { db in
+            guard try Self.hasSegmentColumns(db) else { return }
+            let refs = try Row.fetchAll(db, sql: "SELECT file, idx, seg, off, len FROM chunks WHERE seg IS NOT NULL")
+            let update = try db.makeStatement(sql: "UPDATE chunks SET value = ?, seg = NULL, off = NULL, len = NULL WHERE file = ? AND idx = ?")
+            for r in refs {
+                guard let file = Self.int64(r, 0), let idx = Self.int64(r, 1) else { continue }
+                let bytes = segments.read(Self.int64(r, 2) ?? 0, offset: Self.int64(r, 3) ?? 0, length: Self.int64(r, 4) ?? 0) { Data($0) }
+                try update.execute(arguments: [bytes, file, idx])
+            }
+            try db.execute(sql: "DELETE FROM segments")
+        }
+    }
+}

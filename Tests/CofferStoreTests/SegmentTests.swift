@@ -1,0 +1,216 @@
+import CofferCrypto
+import Foundation
+import GRDB
+import CofferTestSupport
+import Testing
+@testable import CofferStore
+import CofferStoreTestSupport
+
+/// Large chunks in segment files (docs/FORMAT.md, "Segments"): written once, read back as they were
+/// sealed, their space given back after deletes, and what a crash or a rollback left cleaned up.
+@Suite("Content in segment files")
+struct SegmentTests {
+    func segmentFiles(_ path: String) -> [String: Int] {
+        let dir = (path as NSString).deletingLastPathComponent + "/segments"
+        var out: [String: Int] = [:]
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] {
+            var st = stat()
+            if stat(dir + "/" + name, &st) == 0 { out[name] = Int(st.st_blocks) * 512 }
+        }
+        return out
+    }
+
+    func expectFile(_ store: EntityStore, file: UInt64, count: Int, seed: UInt8) throws {
+        let cipher = try store.contentCipher(contentId: file)
+        let chunks = try store.sealedChunks(file: file, first: 0, last: UInt64(count))
+        #expect(chunks.map(\.index) == (0..<UInt64(count)).map { $0 })
+        var out = [UInt8](repeating: 0, count: 65536)
+        for c in chunks {
+            let n = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) }
+            #expect(n == 65536 && out.allSatisfy { $0 == seed &+ UInt8(c.index & 0xFF) }, "chunk \(c.index) differs")
+        }
+    }
+
+    /// 64 KiB chunks go to segments (the database file and its WAL stay small), small ones stay in their
+    /// rows; both read back, before and after the commit and after a reopen; a segment is full at 64 MiB.
+    @Test func largeChunksAreWrittenOnceIntoSegments() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let big = try EntityStore.newContentId(), small = try EntityStore.newContentId()
+            try store.putTestChunks(file: big, count: 1100, seed: 3, keys: keys)  // 68.75 MiB: two segments
+            let cipher = try store.contentCipher(contentId: small)
+            try store.putChunk(file: small, index: 0, sealed: try cipher.seal([UInt8](repeating: 9, count: 100), index: 0))
+            try expectFile(store, file: big, count: 1100, seed: 3)  // uncommitted: through the writer
+            try store.commit()
+            try expectFile(store, file: big, count: 1100, seed: 3)  // committed: through the readers
+            let files = segmentFiles(path)
+            #expect(Set(files.keys) == ["1", "2"], "\(files)")
+            #expect(files.values.reduce(0, +) >= 1100 * 65536)
+            #expect(SQLiteBackend.sizeOnDisk(path: path) < UInt64(1100 * 65536 + (8 << 20)), "content was written twice")
+            let inRows = try store.sqlite.pool.read { db in
+                try Int.fetchOne(db, sql: "SELECT count(*) FROM chunks WHERE seg IS NULL AND length(value) > 0")
+            }
+            #expect(inRows == 1, "only the small chunk is held in its row")
+            store.close()
+
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            try expectFile(reopened, file: big, count: 1100, seed: 3)
+            let sealed = try #require(try reopened.sealedChunks(file: small, first: 0, last: 0).first)
+            var out = [UInt8](repeating: 0, count: 65536)
+            let n = try out.withUnsafeMutableBytes { try reopened.contentCipher(contentId: small).open(sealed.sealed, index: 0, into: $0) }
+            #expect(n == 100 && out[0] == 9)
+        }
+    }
+
+    /// Deleting gives the space back once the delete is committed: a segment no row names goes, and the
+    /// dead chunks of one still in use are punched out; the chunks that stay read back.
+    @Test func deletesGiveSegmentSpaceBack() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let first = try EntityStore.newContentId(), second = try EntityStore.newContentId()
+            try store.putTestChunks(file: first, count: 1030, seed: 1, keys: keys)  // fills segment 1 (1023), starts 2
+            try store.putTestChunks(file: second, count: 100, seed: 2, keys: keys)  // in segment 2
+            try store.commit()
+            let before = segmentFiles(path)
+            #expect(before["1"] ?? 0 > 60 << 20 && before["2"] ?? 0 > 6 << 20, "\(before)")
+
+            _ = try store.deleteChunks(file: first)
+            try store.commit()
+            let after = segmentFiles(path)
+            #expect(after["1"] == nil, "segment 1 holds nothing live and stays: \(after)")
+            #expect(after["2"] ?? 0 < 100 * 65536 + (1 << 20), "the dead chunks in segment 2 were not punched out: \(after)")
+            try expectFile(store, file: second, count: 100, seed: 2)
+
+            // Rewriting a file in place frees its old chunks as well.
+            try store.putTestChunks(file: second, count: 100, seed: 5, keys: keys)
+            try store.commit()
+            let rewritten = segmentFiles(path).values.reduce(0, +)
+            #expect(rewritten < 100 * 65536 + (1 << 20), "the replaced chunks still take space: \(rewritten)")
+            try expectFile(store, file: second, count: 100, seed: 5)
+            let live = try store.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
+            #expect(live == Int64(100 * (65536 + ContentCipher.overhead)))
+            store.close()
+        }
+    }
+
+    /// A group that is rolled back takes the segment it started with it; what a killed process left
+    /// (bytes after the last commit, a file no row lists, a wrong live count) is cleaned up at the next
+    /// open for writing, and nothing committed is lost.
+    @Test func rollbacksAndCrashLeftoversAreCleanedUp() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let kept = try EntityStore.newContentId()
+            try store.putTestChunks(file: kept, count: 10, seed: 4, keys: keys)
+            try store.commit()
+            let committed = try #require(segmentFiles(path)["1"])
+
+            // A group SQLite drops (as on a full disk): its rows go, the segment it started goes, and the
+            // bytes it appended to segment 1 are cut off when appending starts again.
+            let lost = try EntityStore.newContentId()
+            try store.putTestChunks(file: lost, count: 1030, seed: 6, keys: keys)
+            #expect(segmentFiles(path)["2"] != nil)
+            try store.sqlite.writer { db in try db.execute(sql: "ROLLBACK") }
+            #expect(try store.chunkIndices(file: lost).isEmpty)
+            #expect(segmentFiles(path)["2"] == nil, "the segment of a dropped group was kept")
+            try store.putTestChunks(file: lost, count: 1, seed: 6, keys: keys)
+            try store.commit()
+            #expect(try #require(segmentFiles(path)["1"]) <= committed + 2 * 65536)
+            _ = try store.deleteChunks(file: lost)
+            try store.commit()
+            store.close()
+
+            let segments = (path as NSString).deletingLastPathComponent + "/segments"
+            // A file no row lists, and a segment file padded with bytes after its committed size.
+            try Data(repeating: 1, count: 70000).write(to: URL(fileURLWithPath: segments + "/7"))
+            let h = try #require(FileHandle(forWritingAtPath: segments + "/1"))
+            h.seekToEndOfFile()
+            h.write(Data(repeating: 2, count: 200_000))
+            try h.close()
+            // A wrong live count (bookkeeping, mended from the rows).
+            let queue = try DatabaseQueue(path: path)
+            try queue.write { db in try db.execute(sql: "UPDATE segments SET live = 0") }
+            try queue.close()
+
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            #expect(segmentFiles(path)["7"] == nil, "a segment no row lists was kept")
+            try expectFile(reopened, file: kept, count: 10, seed: 4)
+            let live = try reopened.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
+            #expect(live == Int64(10 * (65536 + ContentCipher.overhead)))
+            // Appends continue after the committed size, over what the crash left.
+            try reopened.putTestChunks(file: lost, count: 2, seed: 8, keys: keys)
+            try reopened.commit()
+            try expectFile(reopened, file: lost, count: 2, seed: 8)
+            #expect(try #require(segmentFiles(path)["1"]) <= committed + 4 * 65536)
+        }
+    }
+
+    /// A segment's bytes changed, a row pointed at another chunk's bytes or outside its file, a segment
+    /// missing: that chunk fails authentication, nothing else is affected.
+    @Test func tamperedSegmentsFailAuthentication() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let file = try EntityStore.newContentId()
+            try store.putTestChunks(file: file, count: 4, seed: 1, keys: keys)
+            try store.commit()
+            store.close()
+            let segment = (path as NSString).deletingLastPathComponent + "/segments/1"
+            let queue = try DatabaseQueue(path: path)
+            let offsets = try queue.read { db in
+                try Int64.fetchAll(db, sql: "SELECT off FROM chunks WHERE file = ? ORDER BY idx", arguments: [Int64(file)])
+            }
+            try #require(offsets.count == 4)
+            // Chunk 0: a flipped byte in the segment. Chunk 1: its row points at chunk 2's bytes.
+            // Chunk 3: its row points past the end of the file.
+            let h = try #require(FileHandle(forUpdatingAtPath: segment))
+            h.seek(toFileOffset: UInt64(offsets[0] + 100))
+            let b = h.readData(ofLength: 1)
+            h.seek(toFileOffset: UInt64(offsets[0] + 100))
+            h.write(Data([b[0] ^ 1]))
+            try h.close()
+            try queue.write { db in
+                try db.execute(sql: "UPDATE chunks SET off = ? WHERE file = ? AND idx = 1", arguments: [offsets[2], Int64(file)])
+                try db.execute(sql: "UPDATE chunks SET off = 1000000000 WHERE file = ? AND idx = 3", arguments: [Int64(file)])
+            }
+            try queue.close()
+
+            let reopened = try EntityStore.open(at: path, keys: keys, readOnly: true)
+            let cipher = try reopened.contentCipher(contentId: file)
+            var out = [UInt8](repeating: 0, count: 65536)
+            for c in try reopened.sealedChunks(file: file, first: 0, last: 3) {
+                let opened = Result { try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) } }
+                if c.index == 2 {
+                    #expect((try? opened.get()) == 65536)
+                } else {
+                    #expect((try? opened.get()) == nil, "chunk \(c.index) opened")
+                }
+            }
+            reopened.close()
+            unlink(segment)
+            let missing = try EntityStore.open(at: path, keys: keys, readOnly: true)
+            defer { missing.close() }
+            let gone = try missing.sealedChunks(file: file, first: 2, last: 2)
+            #expect(gone.count == 1 && gone[0].sealed.isEmpty, "a missing segment reads as no bytes")
+        }
+    }
+
+    /// The snapshot `coffer copy` takes of a mounted store holds every chunk in its row.
+    @Test func aSnapshotStandsAlone() throws {
+        try withTempDir { dir in
+            let (store, keys, _) = try makeStore(in: dir)
+            defer { store.close() }
+            let file = try EntityStore.newContentId()
+            try store.putTestChunks(file: file, count: 20, seed: 7, keys: keys)
+            try store.commit()
+            try FileManager.default.createDirectory(atPath: dir + "/snap", withIntermediateDirectories: false)
+            try store.snapshot(into: dir + "/snap/store.db")
+            #expect(!FileManager.default.fileExists(atPath: dir + "/snap/segments"))
+            let copy = try EntityStore.open(at: dir + "/snap/store.db", keys: keys, readOnly: true)
+            defer { copy.close() }
+            try expectFile(copy, file: file, count: 20, seed: 7)
+            let refs = try copy.sqlite.pool.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM chunks WHERE seg IS NOT NULL") }
+            #expect(refs == 0)
+        }
+    }
+}
