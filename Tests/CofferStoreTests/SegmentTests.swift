@@ -95,8 +95,8 @@ struct SegmentTests {
     }
 
     /// A group that is rolled back takes the segment it started with it; what a killed process left
-    /// (bytes after the last commit, a file no row lists, a wrong live count) is cleaned up at the next
-    /// open for writing, and nothing committed is lost.
+    /// (bytes after the last commit, a wrong live count) is mended at the next open for writing, and
+    /// nothing committed is lost.
     @Test func rollbacksAndCrashLeftoversAreCleanedUp() throws {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
@@ -134,7 +134,9 @@ struct SegmentTests {
 
             let reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
-            #expect(segmentFiles(path)["7"] == nil, "a segment no row lists was kept")
+            // A file no row lists is left alone (it may belong to a newer state of the store, which the
+            // rollback check is about to refuse); new segments are numbered above it.
+            #expect(segmentFiles(path)["7"] != nil, "a file no row lists was removed")
             try expectFile(reopened, file: kept, count: 10, seed: 4)
             let live = try reopened.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
             #expect(live == Int64(10 * (65536 + ContentCipher.overhead)))

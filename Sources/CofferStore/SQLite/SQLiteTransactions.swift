@@ -155,7 +155,7 @@ extension SQLiteBackend {
 
     /// fsync of the WAL file: every frame committed so far reaches the disk (what SQLite's
     /// synchronous = FULL does at each commit). Called on the writer, so no commit runs meanwhile.
-    private func syncWAL() throws(StoreError) {
+    func syncWAL() throws(StoreError) {
         let fd = Glibc.open(path + "-wal", O_RDONLY | O_CLOEXEC)
         // No WAL file: nothing was committed since the last checkpoint, which synced the database.
         guard fd >= 0 else {

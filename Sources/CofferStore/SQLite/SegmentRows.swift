@@ -23,7 +23,7 @@ extension SQLiteBackend {
     /// `recursive_triggers` makes INSERT OR REPLACE fire the delete trigger for the row it replaces.
     static let segmentTriggers = """
         PRAGMA recursive_triggers = ON;
-        CREATE TEMP TABLE IF NOT EXISTS freed_chunks(seg INTEGER NOT NULL, off INTEGER NOT NULL, len INTEGER NOT NULL);
+        CREATE TEMP TABLE IF NOT EXISTS freed_chunks(seg INTEGER, off INTEGER, len INTEGER);
         CREATE TEMP TRIGGER IF NOT EXISTS chunk_added AFTER INSERT ON main.chunks WHEN new.seg IS NOT NULL
         BEGIN UPDATE segments SET live = live + new.len WHERE id = new.seg; END;
         CREATE TEMP TRIGGER IF NOT EXISTS chunk_removed AFTER DELETE ON main.chunks WHEN old.seg IS NOT NULL
@@ -31,12 +31,14 @@ extension SQLiteBackend {
             UPDATE segments SET live = live - old.len WHERE id = old.seg;
             INSERT INTO freed_chunks(seg, off, len) VALUES (old.seg, old.off, old.len);
         END;
-        CREATE TEMP TRIGGER IF NOT EXISTS chunk_moved_out AFTER UPDATE OF seg, off, len ON main.chunks WHEN old.seg IS NOT NULL
+        CREATE TEMP TRIGGER IF NOT EXISTS chunk_moved_out AFTER UPDATE OF seg, off, len ON main.chunks
+        WHEN old.seg IS NOT NULL AND (new.seg IS NOT old.seg OR new.off IS NOT old.off OR new.len IS NOT old.len)
         BEGIN
             UPDATE segments SET live = live - old.len WHERE id = old.seg;
             INSERT INTO freed_chunks(seg, off, len) VALUES (old.seg, old.off, old.len);
         END;
-        CREATE TEMP TRIGGER IF NOT EXISTS chunk_moved_in AFTER UPDATE OF seg, off, len ON main.chunks WHEN new.seg IS NOT NULL
+        CREATE TEMP TRIGGER IF NOT EXISTS chunk_moved_in AFTER UPDATE OF seg, off, len ON main.chunks
+        WHEN new.seg IS NOT NULL AND (new.seg IS NOT old.seg OR new.off IS NOT old.off OR new.len IS NOT old.len)
         BEGIN UPDATE segments SET live = live + new.len WHERE id = new.seg; END;
         """
 
@@ -49,11 +51,17 @@ extension SQLiteBackend {
     /// The columns a chunk read selects: index, value, and where the value lies when not in the row.
     var chunkColumns: String { hasSegments ? "idx, value, seg, off, len" : "idx, value, NULL, NULL, NULL" }
 
-    /// On the writer, before any write: the columns and tables (older stores), the triggers, and
-    /// what a crash left: live counts recounted from the rows, segments no row names removed, files
-    /// no row lists (made by a transaction that never committed) removed.
+    /// On the writer, before any write: the columns and tables (older stores), the triggers, and what
+    /// a crash left: live counts recounted from the rows, and, once that state is on disk, segments no
+    /// row names removed (never the last one: ids are not reused). Files no row lists are left alone:
+    /// they may be the newer segments of a store that was replaced by an older copy (which the rollback
+    /// check refuses after this); new segments are numbered above them.
     func setUpSegments() throws {
-        let unnamed = try pool.writeWithoutTransaction { db -> [Int64] in
+        var st = stat()
+        if lstat(segments.directory, &st) == 0, (st.st_mode & S_IFMT) != S_IFDIR {
+            throw StoreError.notAStore("\(segments.directory) is not a directory")
+        }
+        let dead = try pool.writeWithoutTransaction { db -> [Int64] in
             if !(try Self.hasSegmentColumns(db)) {
                 try db.inTransaction {
                     try db.execute(sql: "ALTER TABLE chunks ADD COLUMN seg INTEGER")
@@ -64,20 +72,27 @@ extension SQLiteBackend {
             }
             try db.execute(sql: Self.segmentTables)
             try db.execute(sql: Self.segmentTriggers)
-            var keep = Set<Int64>()
+            var dead: [Int64] = []
             try db.inTransaction {
                 try db.execute(
                     sql: "UPDATE segments SET live = coalesce((SELECT sum(len) FROM chunks WHERE seg = segments.id), 0)")
-                let last = try Int64.fetchOne(db, sql: "SELECT max(id) FROM segments") ?? 0
-                try db.execute(sql: "DELETE FROM segments WHERE live <= 0 AND id != ?", arguments: [last])
-                keep = Set(try Int64.fetchAll(db, sql: "SELECT id FROM segments"))
+                dead = try Int64.fetchAll(db, sql: Self.deadSegments, arguments: [Self.noSegment])
+                if !dead.isEmpty { try db.execute(sql: "DELETE FROM segments WHERE id IN (\(dead.map(String.init).joined(separator: ",")))") }
                 return .commit
             }
-            return segments.idsOnDisk().filter { !keep.contains($0) }
+            return dead
         }
         hasSegments = true
-        segments.remove(unnamed)
+        // Only once no state the disk may come back to names them.
+        if !dead.isEmpty, (try? syncWAL()) != nil { segments.remove(dead) }
     }
+
+    /// Segments no committed row names, other than `?` (the appending one) and the last one.
+    static let deadSegments = """
+        SELECT id FROM segments WHERE live <= 0 AND id != ? AND id != (SELECT max(id) FROM segments)
+        AND NOT EXISTS (SELECT 1 FROM chunks WHERE seg = segments.id)
+        """
+    static let noSegment: Int64 = 0
 
     /// Puts one sealed chunk in the appending segment (starting a new one when it is full); returns
     /// where it went. On the writer, inside the group transaction.
@@ -99,15 +114,18 @@ extension SQLiteBackend {
         return (id, try segments.append(sealed))
     }
 
+    /// A new segment, numbered above every row and every file (ids are never reused).
     private func startSegment(_ db: Database) throws {
-        let id = (try Int64.fetchOne(db, sql: "SELECT max(id) FROM segments") ?? 0) + 1
+        let last = max(try Int64.fetchOne(db, sql: "SELECT max(id) FROM segments") ?? 0, segments.idsOnDisk().max() ?? 0)
+        guard last < Int64.max - 1 else { throw StoreError.notAStore("segment ids are exhausted (a damaged store)") }
+        let id = last + 1
         // Made with the first segment: a store of small files only has none.
-        mkdir(segments.directory, 0o700)
-        // A file of that name has no row: a transaction that made it never committed.
-        unlink(segments.path(id))
+        if mkdir(segments.directory, 0o700) == 0 { Segments.syncDirectory((segments.directory as NSString).deletingLastPathComponent) }
         try db.execute(sql: "INSERT INTO segments(id, size, live) VALUES (?, 0, 0)", arguments: [id])
         segments.madeInTransaction.append(id)
         try segments.openAppender(id, end: 0, create: true)
+        // Its name must be on disk before a durable commit names it.
+        Segments.syncDirectory(segments.directory)
     }
 
     /// What a commit freed: ranges to punch and segments to remove once it is on disk.
@@ -123,13 +141,10 @@ extension SQLiteBackend {
     func segmentsBeforeCommit(_ db: Database) throws -> FreedSegmentSpace {
         guard hasSegments else { return FreedSegmentSpace() }
         try segments.syncAppender()
-        let appending = segments.appender?.id ?? 0
+        let appending = segments.appender?.id ?? Self.noSegment
         if let a = segments.appender { try db.execute(sql: "UPDATE segments SET size = ? WHERE id = ?", arguments: [a.end, a.id]) }
         var freed = FreedSegmentSpace()
-        freed.segments = try Int64.fetchAll(
-            db,
-            sql: "SELECT id FROM segments WHERE live <= 0 AND id != ? AND NOT EXISTS (SELECT 1 FROM chunks WHERE seg = segments.id)",
-            arguments: [appending])
+        freed.segments = try Int64.fetchAll(db, sql: Self.deadSegments, arguments: [appending])
         if !freed.segments.isEmpty {
             try db.execute(sql: "DELETE FROM segments WHERE id IN (\(freed.segments.map(String.init).joined(separator: ",")))")
         }
@@ -161,6 +176,7 @@ extension SQLiteBackend {
     /// The open transaction is gone: so are the segments it made, and what it appended is cut off
     /// when the appending segment is opened again.
     func segmentsRolledBack() {
+        segments.failedSync = false
         segments.closeAppender()
         segments.remove(segments.madeInTransaction)
         segments.madeInTransaction.removeAll()

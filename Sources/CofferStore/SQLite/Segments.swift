@@ -54,8 +54,14 @@ final class Segments: @unchecked Sendable {
     private func file(_ id: Int64) -> File? {
         if let f = files.withLock({ $0[id] }) { return f }
         guard id > 0 else { return nil }
-        let fd = Glibc.open(path(id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        // Non-blocking: a FIFO put there must not hang the reader; only regular files are read.
+        let fd = Glibc.open(path(id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard fd >= 0 else { return nil }
+        var st = stat()
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
+            Glibc.close(fd)
+            return nil
+        }
         let f = File(fd: fd)
         return files.withLock { cache in
             if let other = cache[id] { return other }
@@ -68,7 +74,7 @@ final class Segments: @unchecked Sendable {
     /// cannot be read (a missing segment, a row pointing outside one): the caller's authentication
     /// then reports the chunk as damaged, never other bytes as its content.
     func read<T>(_ id: Int64, offset: Int64, length: Int64, _ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
-        guard length > 0, length <= Int64(Self.maximumLength), offset >= 0, let f = file(id) else {
+        guard length > 0, length <= Int64(Self.maximumLength), offset >= 0, offset <= Int64.max - length, let f = file(id) else {
             return try body(UnsafeRawBufferPointer(start: nil, count: 0))
         }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(length), alignment: 16)
@@ -100,6 +106,9 @@ final class Segments: @unchecked Sendable {
         var synced: Int64
     }
     var appender: Appender?
+    /// An fdatasync failed: the kernel may have dropped those pages and a later fdatasync would not
+    /// say so, so no commit may name what was appended until the group is rolled back.
+    var failedSync = false
     /// Segments made by the open transaction: removed if it is rolled back (their rows go with it).
     var madeInTransaction: [Int64] = []
 
@@ -107,10 +116,14 @@ final class Segments: @unchecked Sendable {
     /// left after it.
     func openAppender(_ id: Int64, end: Int64, create: Bool) throws(StoreError) {
         closeAppender()
-        let fd = Glibc.open(path(id), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT | O_EXCL : 0), 0o600)
+        let fd = Glibc.open(path(id), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (create ? O_CREAT | O_EXCL : 0), 0o600)
         guard fd >= 0 else { throw Self.failure("cannot open segment \(id)", errno) }
         var st = stat()
-        if fstat(fd, &st) == 0, Int64(st.st_size) > end { _ = ftruncate(fd, off_t(end)) }
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
+            Glibc.close(fd)
+            throw StoreError.database("segment \(id) is not a regular file")
+        }
+        if Int64(st.st_size) > end { _ = ftruncate(fd, off_t(end)) }
         appender = Appender(id: id, fd: fd, end: end, kicked: end, synced: end)
     }
 
@@ -147,9 +160,11 @@ final class Segments: @unchecked Sendable {
     /// fdatasync of what was appended since the last one: a commit that names these bytes must not
     /// reach the disk before them (docs/FORMAT.md, "Transactions and durability").
     func syncAppender() throws(StoreError) {
+        guard !failedSync else { throw .database("an earlier fdatasync of a segment failed") }
         guard var a = appender, a.synced < a.end else { return }
         guard fdatasync(a.fd) == 0 else {
             let e = errno
+            failedSync = true
             if e == ENOSPC || e == EDQUOT { throw .diskFull }
             throw Self.failure("fdatasync of segment \(a.id)", e)
         }
@@ -194,5 +209,15 @@ final class Segments: @unchecked Sendable {
         }
     }
 
-    private static func failure(_ what: String, _ e: Int32) -> StoreError { .database("\(what): \(String(cString: strerror(e)))") }
+    private static func failure(_ what: String, _ e: Int32) -> StoreError {
+        e == ENOSPC || e == EDQUOT ? .diskFull : .database("\(what): \(String(cString: strerror(e)))")
+    }
+
+    /// fsync of a directory, so a file made in it keeps its name after a power cut.
+    static func syncDirectory(_ path: String) {
+        let fd = Glibc.open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return }
+        _ = fsync(fd)
+        Glibc.close(fd)
+    }
 }
