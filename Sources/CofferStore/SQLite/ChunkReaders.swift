@@ -10,7 +10,10 @@ import Synchronization
 enum RawSQLite {
     /// Steps `stmt` (bound by the caller; columns idx, value, seg, off, len) and calls `body` for each
     /// row with its sealed bytes: the row's value, or the range of a segment file it points at.
-    static func forEachRow(_ stmt: OpaquePointer, segments: Segments?, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
+    /// `heldInRow` learns the length of each value read from the row itself (what a mapping pages in).
+    static func forEachRow(
+        _ stmt: OpaquePointer, segments: Segments?, heldInRow: (Int) -> Void = { _ in }, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void
+    ) throws {
         defer { sqlite3_reset(stmt) }
         while true {
             let rc = sqlite3_step(stmt)
@@ -24,6 +27,7 @@ enum RawSQLite {
                 continue
             }
             let n = Int(sqlite3_column_bytes(stmt, 1))
+            heldInRow(n)
             guard let p = sqlite3_column_blob(stmt, 1) else {
                 try body(idx, UnsafeRawBufferPointer(start: nil, count: 0))
                 continue

@@ -107,10 +107,7 @@ extension SQLiteBackend {
             do {
                 try (first < Self.mappedChunks ? mappedReaders : preadReaders).with { c in
                     RawSQLite.bindRange(c.select, file: file, first: first, last: last)
-                    try RawSQLite.forEachRow(c.select, segments: segments) { index, sealed in
-                        c.bytesSinceMap += sealed.count
-                        try body(index, sealed)
-                    }
+                    try RawSQLite.forEachRow(c.select, segments: segments, heldInRow: { c.bytesSinceMap += $0 }, body)
                 }
             } catch let e as StoreError { throw e } catch let e as DatabaseError { throw StoreError.sqlite(e) }
         }

@@ -131,12 +131,7 @@ extension SQLiteBackend {
                 }
                 committed = true
                 // Freed segment space goes only once no state the disk may still come back to names it.
-                if !freed.isEmpty, (try? syncWAL()) != nil {
-                    pending.withLock { $0.unsynced = false }
-                    segmentsCommitted(freed)
-                } else {
-                    segmentsCommitted(FreedSegmentSpace())
-                }
+                if segmentsCommitted(freed) { pending.withLock { $0.unsynced = false } }
                 if low { _ = try? db.checkpoint(.passive) }
                 // Taken back once the disk has room for it and a little more (deletes free pages inside
                 // the database file, not on the disk, so on a disk the container fills this may take

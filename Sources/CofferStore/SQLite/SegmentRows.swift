@@ -111,6 +111,14 @@ extension SQLiteBackend {
             try startSegment(db)
         }
         guard let id = segments.appender?.id else { throw StoreError.database("no segment is open for appending") }
+        // Short of space, an append may not take what a released reserve owes (deletes and checkpoints
+        // need it), as a commit may not grow the database into it. The disk is looked at once per MiB.
+        segments.bytesSinceSpaceCheck += sealed.count
+        if segments.lowOnSpace || segments.bytesSinceSpaceCheck >= 1 << 20 {
+            segments.bytesSinceSpaceCheck = 0
+            segments.lowOnSpace = isLowOnSpace()
+            if segments.lowOnSpace, Int64(sealed.count) > freeSpace() - (reserve?.owed ?? 0) { throw NoRoomToGrow() }
+        }
         return (id, try segments.append(sealed))
     }
 
@@ -157,20 +165,26 @@ extension SQLiteBackend {
         return freed
     }
 
-    /// After the commit: its segments are settled. What it freed goes once the commit is on disk
-    /// (`durable` says it already is), unless a snapshot is reading the segments (then when it ends).
-    func segmentsCommitted(_ freed: FreedSegmentSpace) {
+    /// After the commit: its segments are settled. What it freed, and what earlier commits freed but
+    /// could not give back yet, goes once the WAL is fsynced (then no state the disk may come back to
+    /// names it), unless a snapshot is reading the segments (then when it ends). True when the WAL was
+    /// fsynced here. Readers never see a range go from under them: a file's content is read under its
+    /// content lock, and the write or truncation that freed the range held that lock exclusively and
+    /// made the file's reads go through the writer until this commit.
+    func segmentsCommitted(_ freed: FreedSegmentSpace) -> Bool {
         segments.madeInTransaction.removeAll()
-        guard !freed.isEmpty else { return }
-        segmentPins.withLock { p in
-            if p.count > 0 {
-                p.waiting.ranges += freed.ranges
-                p.waiting.segments += freed.segments
-            } else {
-                segments.punch(freed.ranges)
-                segments.remove(freed.segments)
-            }
+        let waiting = segmentPins.withLock { p in
+            p.waiting.ranges += freed.ranges
+            p.waiting.segments += freed.segments
+            return !p.waiting.isEmpty
         }
+        guard waiting else { return false }
+        let synced = (try? syncWAL()) != nil
+        segmentPins.withLock { p in
+            p.durable = synced
+            if synced, p.count == 0 { giveBack(&p) }
+        }
+        return synced
     }
 
     /// The open transaction is gone: so are the segments it made, and what it appended is cut off
@@ -188,16 +202,22 @@ extension SQLiteBackend {
     func unpinSegments() {
         segmentPins.withLock { p in
             p.count -= 1
-            guard p.count == 0 else { return }
-            segments.punch(p.waiting.ranges)
-            segments.remove(p.waiting.segments)
-            p.waiting = FreedSegmentSpace()
+            if p.count == 0, p.durable { giveBack(&p) }
         }
     }
 
+    private func giveBack(_ p: inout SegmentPins) {
+        segments.punch(p.waiting.ranges)
+        segments.remove(p.waiting.segments)
+        p.waiting = FreedSegmentSpace()
+    }
+
+    /// Snapshots reading the segments, and the space freed meanwhile (or not yet known to be freed on
+    /// disk: `durable` is false until the WAL was fsynced after it was freed).
     struct SegmentPins {
         var count = 0
         var waiting = FreedSegmentSpace()
+        var durable = true
     }
 
     /// An integer column of a row that a hostile store may have filled with anything else (GRDB's
