@@ -276,6 +276,13 @@ public final class EntityStore: @unchecked Sendable {
         try sqlite.snapshot(into: path)
     }
 
+    /// Removes the engine's files that no row names (segment files of a group a crash cut off). Only once
+    /// the store is known to be the newest state this machine saw (after the rollback check): in a store
+    /// replaced by an older copy, they are the newer state's. Nothing for other engines.
+    public func removeStrayFiles() {
+        (backend as? SQLiteBackend)?.removeUnlistedSegments()
+    }
+
     /// Runs several store calls in one visit to the engine's writer.
     public func batch<T>(_ body: () throws -> T) throws -> T { try backend.batch(body) }
 

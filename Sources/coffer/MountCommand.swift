@@ -184,6 +184,7 @@ struct MountCommand: ParsableCommand {
                 keys: keys, readOnly: opts.readOnly, reconnectWait: opts.reconnectWait, leaseHolder: lock.lease?.me.holder)
             let seen = GenerationLedger().lastSeen(containerId: c.header.containerId) ?? 0
             try checkRollback(store: store, containerId: c.header.containerId, allow: opts.allowRollback, readOnly: opts.readOnly, logger: logger)
+            if !opts.readOnly { store.removeStrayFiles() }
             var fsOptions = CofferFileSystem.Options()
             fsOptions.readOnly = opts.readOnly
             fsOptions.symlinkRoot = mnt

@@ -290,6 +290,40 @@ struct MountTests {
         #expect(sb.unmount().ok)
     }
 
+    /// Segment files no row lists: a mount removes them once the rollback check passed (a group a crash
+    /// cut off left them), but not in a store replaced by an older copy, where they hold the newer
+    /// state's content: refused as a rollback, the newer segment is still there to go back to.
+    @Test func straySegmentsGoOnlyAfterTheRollbackCheck() throws {
+        let sb = try Sandbox("straysegments")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let first = E2E.randomBytes(300_000)
+        try E2E.write(sb.mnt + "/first", first)
+        try #require(sb.unmount().ok)
+        let saved = sb.root + "/saved.db"
+        try FileManager.default.copyItem(atPath: sb.container + "/store.db", toPath: saved)
+        // 70 MB more: the next segment is started (a segment takes 64 MiB).
+        try #require(sb.mount().ok)
+        try #require(E2E.sh("head -c 70000000 /dev/urandom > '\(sb.mnt)/second' && sync '\(sb.mnt)/second'").ok)
+        try #require(sb.unmount().ok)
+        try #require(FileManager.default.fileExists(atPath: sb.container + "/segments/2"))
+        unlink(sb.container + "/store.db")
+        try FileManager.default.copyItem(atPath: saved, toPath: sb.container + "/store.db")
+        let refused = sb.mount()
+        #expect(refused.status == 18, "\(refused)")
+        #expect(FileManager.default.fileExists(atPath: sb.container + "/segments/2"), "the newer state's segment was removed")
+
+        // The older state accepted (allow_rollback): what it does not list goes, as a stray file a crash
+        // leaves would; what it lists stays.
+        try E2E.write(sb.container + "/segments/99", E2E.randomBytes(5000))
+        try #require(sb.mount(options: "allow_rollback").ok)
+        #expect(!FileManager.default.fileExists(atPath: sb.container + "/segments/2"), "a segment no row lists was kept")
+        #expect(!FileManager.default.fileExists(atPath: sb.container + "/segments/99"), "a stray segment file was kept")
+        #expect(E2E.read(sb.mnt + "/first") == first)
+        #expect(E2E.lstatOf(sb.mnt + "/second") == nil)
+        #expect(sb.unmount().ok)
+    }
+
     @Test func unmountOfSomethingElseIsRefused() throws {
         let sb = try Sandbox("unmountnot")
         defer { sb.cleanup() }

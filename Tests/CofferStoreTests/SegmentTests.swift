@@ -137,6 +137,8 @@ struct SegmentTests {
             // A file no row lists is left alone (it may belong to a newer state of the store, which the
             // rollback check is about to refuse); new segments are numbered above it.
             #expect(segmentFiles(path)["7"] != nil, "a file no row lists was removed")
+            reopened.removeStrayFiles()  // what a mount does once the rollback check passed
+            #expect(segmentFiles(path)["7"] == nil, "a file no row lists was kept")
             try expectFile(reopened, file: kept, count: 10, seed: 4)
             let live = try reopened.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
             #expect(live == Int64(10 * (65536 + ContentCipher.overhead)))

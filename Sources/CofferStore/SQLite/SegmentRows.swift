@@ -87,6 +87,15 @@ extension SQLiteBackend {
         if !dead.isEmpty, (try? syncWAL()) != nil { segments.remove(dead) }
     }
 
+    /// Removes segment files that no row lists (EntityStore.removeStrayFiles says when). On the writer, so
+    /// no segment is being started meanwhile.
+    func removeUnlistedSegments() {
+        guard !readOnly, hasSegments else { return }
+        let listed = try? writer { db in Set(try Int64.fetchAll(db, sql: "SELECT id FROM segments")).union(segments.madeInTransaction) }
+        guard let listed else { return }
+        segments.remove(segments.idsOnDisk().filter { !listed.contains($0) })
+    }
+
     /// Segments no committed row names, other than `?` (the appending one) and the last one.
     static let deadSegments = """
         SELECT id FROM segments WHERE live <= 0 AND id != ? AND id != (SELECT max(id) FROM segments)
