@@ -451,6 +451,7 @@ struct EntityStoreTests {
         try withTempDir { dir in
             let (store, keys, _) = try makeStore(in: dir)
             defer { store.close() }
+            store.sqlite.segmentThreshold = .max  // content in rows: this is about the mapping
             let file = try EntityStore.newContentId()
             let cipher = try store.contentCipher(contentId: file)
             let count = 2 * Int(SQLiteBackend.mappedChunks)

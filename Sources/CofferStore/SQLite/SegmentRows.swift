@@ -120,14 +120,6 @@ extension SQLiteBackend {
             try startSegment(db)
         }
         guard let id = segments.appender?.id else { throw StoreError.database("no segment is open for appending") }
-        // Short of space, an append may not take what a released reserve owes (deletes and checkpoints
-        // need it), as a commit may not grow the database into it. The disk is looked at once per MiB.
-        segments.bytesSinceSpaceCheck += sealed.count
-        if segments.lowOnSpace || segments.bytesSinceSpaceCheck >= 1 << 20 {
-            segments.bytesSinceSpaceCheck = 0
-            segments.lowOnSpace = isLowOnSpace()
-            if segments.lowOnSpace, Int64(sealed.count) > freeSpace() - (reserve?.owed ?? 0) { throw NoRoomToGrow() }
-        }
         return (id, try segments.append(sealed))
     }
 

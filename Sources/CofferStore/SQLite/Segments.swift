@@ -109,9 +109,6 @@ final class Segments: @unchecked Sendable {
     /// An fdatasync failed: the kernel may have dropped those pages and a later fdatasync would not
     /// say so, so no commit may name what was appended until the group is rolled back.
     var failedSync = false
-    /// Appended since the disk's free space was last looked at, and whether it was short then.
-    var bytesSinceSpaceCheck = 0
-    var lowOnSpace = false
     /// Segments made by the open transaction: removed if it is rolled back (their rows go with it).
     var madeInTransaction: [Int64] = []
 
