@@ -28,8 +28,9 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     /// (whose content must be read through the writer).
     struct Pending {
         var changes = 0
-        /// Bytes for the WAL, and bytes appended to segment files.
+        /// Bytes of rows (they go to the WAL).
         var bytes = 0
+        /// Bytes appended to segment files.
         var segmentBytes = 0
         /// Statements that add no bytes (deletes): they still dirty pages, which go to the WAL.
         var deletes = 0
