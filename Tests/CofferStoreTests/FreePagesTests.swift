@@ -8,17 +8,6 @@ import CofferStoreTestSupport
 
 @Suite("Free pages go back to the disk")
 struct FreePagesTests {
-    func expectFile(_ store: EntityStore, _ keys: ContainerKeys, file: UInt64, count: Int, seed: UInt8) throws {
-        let cipher = try store.contentCipher(contentId: file)
-        let chunks = try store.sealedChunks(file: file, first: 0, last: UInt64(count))
-        #expect(chunks.map(\.index) == (0..<UInt64(count)).map { $0 })
-        var out = [UInt8](repeating: 0, count: 65536)
-        for c in chunks {
-            let n = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) }
-            #expect(n == 65536 && out.allSatisfy { $0 == seed &+ UInt8(c.index & 0xFF) }, "chunk \(c.index) differs")
-        }
-    }
-
     func fileSize(_ path: String) throws -> Int {
         try #require(try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)
     }
@@ -55,7 +44,7 @@ struct FreePagesTests {
             #expect(pieces >= 2, "the limit per piece was not kept (\(pieces) pieces)")
             #expect(after.free <= store.sqlite.freePagesToKeep(pageCount: after.total), "\(after)")
             #expect(after.total * store.sqlite.pageSize < 14 << 20, "the store still has \(after.total) pages")
-            try expectFile(store, keys, file: kept, count: 64, seed: 100)
+            try expectTestChunks(store, file: kept, count: 64, seed: 100)
 
             // The file itself is cut at the next checkpoint, and everything reads back after a reopen.
             store.close()
@@ -63,7 +52,7 @@ struct FreePagesTests {
             #expect(try fileSize(path) < 14 << 20)
             let reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
-            try expectFile(reopened, keys, file: kept, count: 64, seed: 100)
+            try expectTestChunks(reopened, file: kept, count: 64, seed: 100)
             #expect(try reopened.chunkIndices(file: big).isEmpty)
         }
     }

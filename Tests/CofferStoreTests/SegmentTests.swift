@@ -20,17 +20,6 @@ struct SegmentTests {
         return out
     }
 
-    func expectFile(_ store: EntityStore, file: UInt64, count: Int, seed: UInt8) throws {
-        let cipher = try store.contentCipher(contentId: file)
-        let chunks = try store.sealedChunks(file: file, first: 0, last: UInt64(count))
-        #expect(chunks.map(\.index) == (0..<UInt64(count)).map { $0 })
-        var out = [UInt8](repeating: 0, count: 65536)
-        for c in chunks {
-            let n = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) }
-            #expect(n == 65536 && out.allSatisfy { $0 == seed &+ UInt8(c.index & 0xFF) }, "chunk \(c.index) differs")
-        }
-    }
-
     /// 64 KiB chunks go to segments (the database file and its WAL stay small), small ones stay in their
     /// rows; both read back, before and after the commit and after a reopen; a segment is full at 64 MiB.
     @Test func largeChunksAreWrittenOnceIntoSegments() throws {
@@ -40,9 +29,9 @@ struct SegmentTests {
             try store.putTestChunks(file: big, count: 1100, seed: 3, keys: keys)  // 68.75 MiB: two segments
             let cipher = try store.contentCipher(contentId: small)
             try store.putChunk(file: small, index: 0, sealed: try cipher.seal([UInt8](repeating: 9, count: 100), index: 0))
-            try expectFile(store, file: big, count: 1100, seed: 3)  // uncommitted: through the writer
+            try expectTestChunks(store, file: big, count: 1100, seed: 3)  // uncommitted: through the writer
             try store.commit()
-            try expectFile(store, file: big, count: 1100, seed: 3)  // committed: through the readers
+            try expectTestChunks(store, file: big, count: 1100, seed: 3)  // committed: through the readers
             let files = segmentFiles(path)
             #expect(Set(files.keys) == ["1", "2"], "\(files)")
             #expect(files.values.reduce(0, +) >= 1100 * 65536)
@@ -55,7 +44,7 @@ struct SegmentTests {
 
             let reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
-            try expectFile(reopened, file: big, count: 1100, seed: 3)
+            try expectTestChunks(reopened, file: big, count: 1100, seed: 3)
             let sealed = try #require(try reopened.sealedChunks(file: small, first: 0, last: 0).first)
             var out = [UInt8](repeating: 0, count: 65536)
             let n = try out.withUnsafeMutableBytes { try reopened.contentCipher(contentId: small).open(sealed.sealed, index: 0, into: $0) }
@@ -80,14 +69,14 @@ struct SegmentTests {
             let after = segmentFiles(path)
             #expect(after["1"] == nil, "segment 1 holds nothing live and stays: \(after)")
             #expect(after["2"] ?? 0 < 100 * 65536 + (1 << 20), "the dead chunks in segment 2 were not punched out: \(after)")
-            try expectFile(store, file: second, count: 100, seed: 2)
+            try expectTestChunks(store, file: second, count: 100, seed: 2)
 
             // Rewriting a file in place frees its old chunks as well.
             try store.putTestChunks(file: second, count: 100, seed: 5, keys: keys)
             try store.commit()
             let rewritten = segmentFiles(path).values.reduce(0, +)
             #expect(rewritten < 100 * 65536 + (1 << 20), "the replaced chunks still take space: \(rewritten)")
-            try expectFile(store, file: second, count: 100, seed: 5)
+            try expectTestChunks(store, file: second, count: 100, seed: 5)
             let live = try store.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
             #expect(live == Int64(100 * (65536 + ContentCipher.overhead)))
             store.close()
@@ -139,13 +128,13 @@ struct SegmentTests {
             #expect(segmentFiles(path)["7"] != nil, "a file no row lists was removed")
             reopened.removeStrayFiles()  // what a mount does once the rollback check passed
             #expect(segmentFiles(path)["7"] == nil, "a file no row lists was kept")
-            try expectFile(reopened, file: kept, count: 10, seed: 4)
+            try expectTestChunks(reopened, file: kept, count: 10, seed: 4)
             let live = try reopened.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
             #expect(live == Int64(10 * (65536 + ContentCipher.overhead)))
             // Appends continue after the committed size, over what the crash left.
             try reopened.putTestChunks(file: lost, count: 2, seed: 8, keys: keys)
             try reopened.commit()
-            try expectFile(reopened, file: lost, count: 2, seed: 8)
+            try expectTestChunks(reopened, file: lost, count: 2, seed: 8)
             #expect(try #require(segmentFiles(path)["1"]) <= committed + 4 * 65536)
         }
     }
@@ -199,6 +188,33 @@ struct SegmentTests {
         }
     }
 
+    /// A hostile container: `segments` a symbolic link (the cleanup at open would remove numbered files
+    /// wherever it points) is refused for writing; a FIFO where a segment should be reads as no bytes
+    /// instead of hanging the reader.
+    @Test func hostileSegmentFilesAreRefusedOrReadAsDamaged() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let file = try EntityStore.newContentId()
+            try store.putTestChunks(file: file, count: 2, seed: 1, keys: keys)
+            try store.commit()
+            store.close()
+            let segments = dir + "/segments"
+            unlink(segments + "/1")
+            #expect(mkfifo(segments + "/1", 0o600) == 0)
+            let reading = try EntityStore.open(at: path, keys: keys, readOnly: true)
+            let chunks = try reading.sealedChunks(file: file, first: 0, last: 1)
+            #expect(chunks.count == 2 && chunks.allSatisfy { $0.sealed.isEmpty }, "a FIFO segment read as bytes")
+            reading.close()
+
+            let elsewhere = dir + "/elsewhere"
+            try FileManager.default.createDirectory(atPath: elsewhere, withIntermediateDirectories: false)
+            try Data([1]).write(to: URL(fileURLWithPath: elsewhere + "/5"))
+            #expect(rename(segments, dir + "/moved") == 0 && symlink(elsewhere, segments) == 0)
+            #expect(throws: StoreError.self) { _ = try EntityStore.open(at: path, keys: keys) }
+            #expect(FileManager.default.fileExists(atPath: elsewhere + "/5"), "a file outside the container was removed")
+        }
+    }
+
     /// The snapshot `coffer copy` takes of a mounted store holds every chunk in its row.
     @Test func aSnapshotStandsAlone() throws {
         try withTempDir { dir in
@@ -212,7 +228,7 @@ struct SegmentTests {
             #expect(!FileManager.default.fileExists(atPath: dir + "/snap/segments"))
             let copy = try EntityStore.open(at: dir + "/snap/store.db", keys: keys, readOnly: true)
             defer { copy.close() }
-            try expectFile(copy, file: file, count: 20, seed: 7)
+            try expectTestChunks(copy, file: file, count: 20, seed: 7)
             let refs = try copy.sqlite.pool.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM chunks WHERE seg IS NOT NULL") }
             #expect(refs == 0)
         }

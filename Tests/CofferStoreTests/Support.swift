@@ -117,6 +117,18 @@ extension EntityStore {
     }
 }
 
+/// Checks that `file` holds exactly chunks 0..<count as `putTestChunks` wrote them with `seed`.
+func expectTestChunks(_ store: EntityStore, file: UInt64, count: Int, seed: UInt8, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    let cipher = try store.contentCipher(contentId: file)
+    let chunks = try store.sealedChunks(file: file, first: 0, last: UInt64(count))
+    #expect(chunks.map(\.index) == (0..<UInt64(count)).map { $0 }, sourceLocation: sourceLocation)
+    var out = [UInt8](repeating: 0, count: 65536)
+    for c in chunks {
+        let n = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) }
+        #expect(n == 65536 && out.allSatisfy { $0 == seed &+ UInt8(c.index & 0xFF) }, "chunk \(c.index) differs", sourceLocation: sourceLocation)
+    }
+}
+
 func sampleInode(size: UInt64 = 0, contentId: UInt64 = 0, mode: UInt32 = 0o100644, target: StoredPath? = nil) -> InodeRecord {
     let t = StoredTime(seconds: 1_700_000_000, nanoseconds: 123_456_789)
     return InodeRecord(

@@ -20,7 +20,9 @@ extension SQLiteBackend {
         """
 
     /// The writer's own bookkeeping: live byte counts and the ranges freed by the open transaction.
-    /// `recursive_triggers` makes INSERT OR REPLACE fire the delete trigger for the row it replaces.
+    /// `recursive_triggers` makes INSERT OR REPLACE fire the delete trigger for the row it replaces. No
+    /// statement on the writer moves a row between segments (only inserts and deletes), so there is no
+    /// UPDATE trigger; a compaction that moves chunks would add one.
     static let segmentTriggers = """
         PRAGMA recursive_triggers = ON;
         CREATE TEMP TABLE IF NOT EXISTS freed_chunks(seg INTEGER, off INTEGER, len INTEGER);
@@ -31,15 +33,6 @@ extension SQLiteBackend {
             UPDATE segments SET live = live - old.len WHERE id = old.seg;
             INSERT INTO freed_chunks(seg, off, len) VALUES (old.seg, old.off, old.len);
         END;
-        CREATE TEMP TRIGGER IF NOT EXISTS chunk_moved_out AFTER UPDATE OF seg, off, len ON main.chunks
-        WHEN old.seg IS NOT NULL AND (new.seg IS NOT old.seg OR new.off IS NOT old.off OR new.len IS NOT old.len)
-        BEGIN
-            UPDATE segments SET live = live - old.len WHERE id = old.seg;
-            INSERT INTO freed_chunks(seg, off, len) VALUES (old.seg, old.off, old.len);
-        END;
-        CREATE TEMP TRIGGER IF NOT EXISTS chunk_moved_in AFTER UPDATE OF seg, off, len ON main.chunks
-        WHEN new.seg IS NOT NULL AND (new.seg IS NOT old.seg OR new.off IS NOT old.off OR new.len IS NOT old.len)
-        BEGIN UPDATE segments SET live = live + new.len WHERE id = new.seg; END;
         """
 
     /// Whether the store's `chunks` table has the segment columns (stores made before 2026-11-27 get
@@ -129,12 +122,12 @@ extension SQLiteBackend {
         guard last < Int64.max - 1 else { throw StoreError.notAStore("segment ids are exhausted (a damaged store)") }
         let id = last + 1
         // Made with the first segment: a store of small files only has none.
-        if mkdir(segments.directory, 0o700) == 0 { Segments.syncDirectory((segments.directory as NSString).deletingLastPathComponent) }
+        if mkdir(segments.directory, 0o700) == 0 { FileIO.fsyncDirectory(of: segments.directory) }
         try db.execute(sql: "INSERT INTO segments(id, size, live) VALUES (?, 0, 0)", arguments: [id])
         segments.madeInTransaction.append(id)
         try segments.openAppender(id, end: 0, create: true)
         // Its name must be on disk before a durable commit names it.
-        Segments.syncDirectory(segments.directory)
+        FileIO.fsyncDirectory(of: segments.path(id))
     }
 
     /// What a commit freed: ranges to punch and segments to remove once it is on disk.

@@ -212,12 +212,4 @@ final class Segments: @unchecked Sendable {
     private static func failure(_ what: String, _ e: Int32) -> StoreError {
         e == ENOSPC || e == EDQUOT ? .diskFull : .database("\(what): \(String(cString: strerror(e)))")
     }
-
-    /// fsync of a directory, so a file made in it keeps its name after a power cut.
-    static func syncDirectory(_ path: String) {
-        let fd = Glibc.open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { return }
-        _ = fsync(fd)
-        Glibc.close(fd)
-    }
 }
