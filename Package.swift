@@ -25,6 +25,8 @@ let package = Package(
         .target(name: "CMappedFault"),
         // Beside the system libraries: hole punching and early writeback for segment files (GNU calls).
         .target(name: "CFileSpace"),
+        // Beside the system libraries: process-wide SQLite settings (sqlite3_config is variadic).
+        .target(name: "CSQLiteConfig", linkerSettings: [.linkedLibrary("sqlite3")]),
 
         // Layer 5: crypto primitives and locked key memory.
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
@@ -32,7 +34,7 @@ let package = Package(
         .target(
             name: "CofferStore",
             dependencies: [
-                "CofferCrypto", "CMappedFault", "CFileSpace", "CPostgres",
+                "CofferCrypto", "CMappedFault", "CFileSpace", "CSQLiteConfig", "CPostgres",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log")

@@ -52,6 +52,62 @@ struct SegmentTests {
         }
     }
 
+    /// Appends are gathered and written in whole blocks: with O_DIRECT a commit pads the last block and
+    /// the next append starts at the next one; through the page cache the next append goes on in that
+    /// block. Either way every chunk reads back before the commit (from the gathered bytes, or partly from
+    /// the file), after it, and after a reopen.
+    @Test(arguments: [true, false]) func appendsAreGatheredIntoWholeBlocks(direct: Bool) throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            store.sqlite.segments.directWrites = direct
+            let odd = try EntityStore.newContentId(), more = try EntityStore.newContentId()
+            let cipher = try store.contentCipher(contentId: odd)
+            let plain = (0..<3).map { i in [UInt8](repeating: UInt8(40 + i), count: 10000) }
+            for (i, p) in plain.enumerated() { try store.putChunk(file: odd, index: UInt64(i), sealed: try cipher.seal(p, index: UInt64(i))) }
+            #expect(store.sqlite.segments.appender?.direct == direct, "O_DIRECT on this filesystem")
+            func expectOdd(_ s: EntityStore) throws {
+                let c = try s.contentCipher(contentId: odd)
+                let sealed = try s.sealedChunks(file: odd, first: 0, last: 2)
+                #expect(sealed.count == 3)
+                for (i, chunk) in sealed.enumerated() {
+                    var out = [UInt8](repeating: 0, count: 10000)
+                    let n = try out.withUnsafeMutableBytes { try c.open(chunk.sealed, index: UInt64(i), into: $0) }
+                    #expect(n == 10000 && out == plain[i])
+                }
+            }
+            try expectOdd(store)  // gathered, not yet written
+            try store.commit()
+            let sealedLength = 10000 + ContentCipher.overhead
+            let size = try store.sqlite.pool.read { db in try Int.fetchOne(db, sql: "SELECT size FROM segments WHERE id = 1") }
+            #expect(size == (direct ? (3 * sealedLength + 4095) / 4096 * 4096 : 3 * sealedLength))
+            // 40 chunks of 64 KiB: the gathered bytes are written every MiB, so reads before the commit
+            // span the file and the gathered bytes.
+            try store.putTestChunks(file: more, count: 40, seed: 7, keys: keys)
+            let first = try store.sqlite.writer { db in
+                try Int.fetchOne(db, sql: "SELECT off FROM chunks WHERE file = ? AND idx = 0", arguments: [Int64(bitPattern: more)])
+            }
+            #expect(first == size)
+            try expectOdd(store)
+            try expectTestChunks(store, file: more, count: 40, seed: 7)
+            try store.commit()
+            try expectOdd(store)
+            try expectTestChunks(store, file: more, count: 40, seed: 7)
+            store.close()
+
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            reopened.sqlite.segments.directWrites = direct
+            try expectOdd(reopened)
+            try expectTestChunks(reopened, file: more, count: 40, seed: 7)
+            let later = try EntityStore.newContentId()
+            try reopened.putTestChunks(file: later, count: 2, seed: 9, keys: keys)  // appends after a reopen
+            try reopened.commit()
+            try expectTestChunks(reopened, file: later, count: 2, seed: 9)
+            try expectOdd(reopened)
+            try expectTestChunks(reopened, file: more, count: 40, seed: 7)
+        }
+    }
+
     /// Deleting gives the space back once the delete is committed: a segment no row names goes, and the
     /// dead chunks of one still in use are punched out; the chunks that stay read back.
     @Test func deletesGiveSegmentSpaceBack() throws {

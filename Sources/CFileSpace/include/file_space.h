@@ -13,4 +13,8 @@ int coffer_punch_hole(int fd, off_t offset, off_t length);
 /// SYNC_FILE_RANGE_WRITE), so a later fdatasync finds little left to write. Returns 0, or -1 with errno.
 int coffer_start_writeback(int fd, off_t offset, off_t length);
 
+/// Turns O_DIRECT on (`on` != 0) or off for fd (fcntl F_SETFL). Returns 0, or -1 with errno (EINVAL:
+/// the filesystem has no direct I/O).
+int coffer_set_direct(int fd, int on);
+
 #endif

@@ -109,7 +109,7 @@ extension SQLiteBackend {
         }
         if let a = segments.appender, a.end > 0, a.end + Int64(sealed.count) > Segments.segmentLength {
             try segments.syncAppender()
-            try db.execute(sql: "UPDATE segments SET size = ? WHERE id = ?", arguments: [a.end, a.id])
+            try db.execute(sql: "UPDATE segments SET size = ? WHERE id = ?", arguments: [segments.appender?.end ?? a.end, a.id])
             try startSegment(db)
         }
         guard let id = segments.appender?.id else { throw StoreError.database("no segment is open for appending") }
