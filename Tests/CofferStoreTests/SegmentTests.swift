@@ -108,6 +108,30 @@ struct SegmentTests {
         }
     }
 
+    /// Low on space, an append goes to the file at once (through the page cache), so a full disk fails
+    /// the append that does not fit instead of the commit that would write it later.
+    @Test func appendsGoToTheFileAtOnceWhenLowOnSpace() throws {
+        try withTempDir { dir in
+            let segments = Segments(directory: dir)
+            try segments.openAppender(1, end: 0, create: true)
+            defer { segments.closeAppender() }
+            func fileSize() -> Int {
+                var st = stat()
+                return stat(dir + "/1", &st) == 0 ? Int(st.st_size) : -1
+            }
+            let chunks = [[UInt8](repeating: 7, count: 10000), [UInt8](repeating: 8, count: 9000)]
+            let first = try chunks[0].withUnsafeBytes { try segments.append($0) }
+            #expect(first == 0 && fileSize() == 0, "gathered, not written")
+            let second = try chunks[1].withUnsafeBytes { try segments.append($0, writeThrough: true) }
+            #expect(second == 10000 && fileSize() == 19000, "written through")
+            #expect(segments.appender?.direct == false)
+            for (offset, chunk) in zip([first, second], chunks) {
+                let back = segments.read(1, offset: offset, length: Int64(chunk.count)) { [UInt8]($0) }
+                #expect(back == chunk)
+            }
+        }
+    }
+
     /// Deleting gives the space back once the delete is committed: a segment no row names goes, and the
     /// dead chunks of one still in use are punched out; the chunks that stay read back.
     @Test func deletesGiveSegmentSpaceBack() throws {

@@ -113,7 +113,7 @@ extension SQLiteBackend {
             try startSegment(db)
         }
         guard let id = segments.appender?.id else { throw StoreError.database("no segment is open for appending") }
-        return (id, try segments.append(sealed))
+        return (id, try segments.append(sealed, writeThrough: isLowOnSpace()))
     }
 
     /// A new segment, numbered above every row and every file (ids are never reused).

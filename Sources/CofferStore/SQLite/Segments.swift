@@ -135,7 +135,8 @@ final class Segments: @unchecked Sendable {
 
     /// Appends not yet written to the appending segment: its bytes from `start` to the appender's end.
     ///
-    /// Chunks are gathered and written in whole 4 KiB blocks, a `pwrite` per MiB, and with O_DIRECT where
+    /// Chunks are gathered and written in whole 4 KiB blocks, a `pwrite` each time about a MiB is
+    /// gathered, and with O_DIRECT where
     /// the filesystem has it: the kernel then copies nothing into its page cache. Each sealed chunk written
     /// on its own through the page cache made that copy the largest item of a streaming write's profile
     /// (ext4's buffered write path was 46% of the daemon's time), and unaligned writes cost twice aligned
@@ -182,22 +183,22 @@ final class Segments: @unchecked Sendable {
         if Int64(st.st_size) > end { _ = ftruncate(fd, off_t(end)) }
         let direct = directWrites && coffer_set_direct(fd, 1) == 0
         // With O_DIRECT, appends start at the next block (the one `end` lies in holds committed bytes);
-        // otherwise the gathered bytes start at that block, its first part read back from the file.
+        // otherwise the gathered bytes start at that block, its first part read back from the file; if
+        // that part cannot be read back, at the next block too, rather than writing over it.
         let block = Int64(Self.block)
-        let start = direct ? (end + block - 1) / block * block : end / block * block
-        let from = direct ? start : end
-        appender = Appender(id: id, fd: fd, end: from, kicked: from, synced: from, direct: direct)
+        let below = end / block * block, above = (end + block - 1) / block * block
         gathered.withLock { g in
             g.segment = id
-            g.start = start
-            g.count = direct ? 0 : Self.pread(fd, g.bytes, upTo: Int(end - start), at: start)
-            if !direct && g.count < Int(end - start) {
-                // Unreadable bytes below `end` (a damaged file): zeros, rather than a failure to append.
-                (g.bytes.baseAddress! + g.count).initializeMemory(as: UInt8.self, repeating: 0, count: Int(end - start) - g.count)
-                g.count = Int(end - start)
+            g.start = direct ? above : below
+            g.count = direct ? 0 : Self.pread(fd, g.bytes, upTo: Int(end - below), at: below)
+            if g.count < Int(end - g.start) {
+                g.start = above
+                g.count = 0
             }
-            gatheredStart.store(start, ordering: .releasing)
+            gatheredStart.store(g.start, ordering: .releasing)
             gatheringSegment.store(id, ordering: .releasing)
+            let from = g.start + Int64(g.count)
+            appender = Appender(id: id, fd: fd, end: from, kicked: from, synced: from, direct: direct)
         }
     }
 
@@ -214,9 +215,15 @@ final class Segments: @unchecked Sendable {
     }
 
     /// Gathers `bytes` at the appender's end; returns where they go. A failure (a full disk) leaves the
-    /// end where it was.
-    func append(_ bytes: UnsafeRawBufferPointer) throws(StoreError) -> Int64 {
-        guard let a = appender else { throw .database("no segment is open for appending") }
+    /// end where it was. With `writeThrough` (the disk is low on space) they go to the file at once,
+    /// through the page cache, so a full disk fails the append that does not fit, not a commit later
+    /// (which would drop the whole group).
+    func append(_ bytes: UnsafeRawBufferPointer, writeThrough: Bool = false) throws(StoreError) -> Int64 {
+        guard var a = appender else { throw .database("no segment is open for appending") }
+        if writeThrough, a.direct, coffer_set_direct(a.fd, 0) == 0 {
+            a.direct = false
+            appender = a
+        }
         let written = try gathered.withLock { (g: inout Gathered) throws(StoreError) -> Int64? in
             var written: Int64?
             if g.count + bytes.count > g.bytes.count {
@@ -232,6 +239,12 @@ final class Segments: @unchecked Sendable {
             }
             (g.bytes.baseAddress! + g.count).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
             g.count += bytes.count
+            if writeThrough && !a.direct {
+                do throws(StoreError) { written = try write(&g, a, whole: true) } catch {
+                    g.count -= bytes.count
+                    throw error
+                }
+            }
             return written
         }
         appender?.end += Int64(bytes.count)
@@ -255,16 +268,18 @@ final class Segments: @unchecked Sendable {
         var done = 0
         while done < count {
             let n = pwrite(a.fd, g.bytes.baseAddress! + done, count - done, off_t(g.start) + off_t(done))
-            if n < 0, errno == EINTR { continue }
-            if n < 0, errno == EINVAL, direct, coffer_set_direct(a.fd, 0) == 0 {
-                // The filesystem takes O_DIRECT at open but not these writes: the page cache from now on.
+            let e = n < 0 ? errno : 0
+            if e == EINTR { continue }
+            if direct, e == EINVAL || (n > 0 && n % Self.block != 0), coffer_set_direct(a.fd, 0) == 0 {
+                // The filesystem takes O_DIRECT at open but not these writes, or wrote part of a block:
+                // the page cache from now on (it takes any length at any offset).
                 direct = false
                 appender?.direct = false
+                if n > 0 { done += n }
                 continue
             }
-            guard n > 0 else { throw Self.failure("cannot write segment \(a.id)", n < 0 ? errno : ENOSPC) }
-            // A short direct write ends on a block boundary; if not, its last block is written again.
-            done += direct && n % Self.block != 0 ? n / Self.block * Self.block : n
+            guard n > 0 else { throw Self.failure("cannot write segment \(a.id)", n < 0 ? e : ENOSPC) }
+            done += n
         }
         let written = g.start + Int64(count)
         let passed = padded ? count : count / Self.block * Self.block
