@@ -70,7 +70,8 @@ let package = Package(
         .target(
             name: "CofferStoreTestSupport", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport"], path: "Tests/CofferStoreTestSupport"),
         .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
-        .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
+        .testTarget(
+            name: "CofferStoreTests", dependencies: ["CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport", "CFileSpace"]),
         .testTarget(name: "CofferFSTests", dependencies: ["CofferFS", "CofferStore", "CofferCrypto", "CofferTestSupport", "CofferStoreTestSupport"]),
         .testTarget(
             name: "CofferCheckTests",
