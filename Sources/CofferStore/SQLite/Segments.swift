@@ -135,9 +135,9 @@ final class Segments: @unchecked Sendable {
 
     /// Appends not yet written to the appending segment: its bytes from `start` to the appender's end.
     ///
-    /// Chunks are gathered and written in whole 4 KiB blocks, a `pwrite` each time about a MiB is
-    /// gathered, and with O_DIRECT where
-    /// the filesystem has it: the kernel then copies nothing into its page cache. Each sealed chunk written
+    /// Chunks are gathered and written in whole 4 KiB blocks, a `pwrite` each time about a MiB is gathered,
+    /// and with O_DIRECT where the filesystem has it: the kernel then copies nothing into its page cache
+    /// (low on space, each append is written at once through the page cache instead). Each sealed chunk written
     /// on its own through the page cache made that copy the largest item of a streaming write's profile
     /// (ext4's buffered write path was 46% of the daemon's time), and unaligned writes cost twice aligned
     /// ones (dd of 1 GiB: 0.84–0.91 s of system time against 0.45–0.56 s; O_DIRECT 0.23–0.30 s). With
