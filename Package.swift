@@ -23,7 +23,7 @@ let package = Package(
 
         // Beside the system libraries: a SIGBUS guard for memory-mapped store reads (C: a signal handler).
         .target(name: "CMappedFault"),
-        // Beside the system libraries: hole punching and early writeback for segment files (GNU calls).
+        // Beside the system libraries: hole punching, early writeback and O_DIRECT for segment files (GNU calls).
         .target(name: "CFileSpace"),
         // Beside the system libraries: process-wide SQLite settings (sqlite3_config is variadic).
         .target(name: "CSQLiteConfig", linkerSettings: [.linkedLibrary("sqlite3")]),
