@@ -25,8 +25,6 @@ let package = Package(
         .target(name: "CMappedFault"),
         // Beside the system libraries: hole punching, early writeback and O_DIRECT for segment files (GNU calls).
         .target(name: "CFileSpace"),
-        // Beside the system libraries: process-wide SQLite settings (sqlite3_config is variadic).
-        .target(name: "CSQLiteConfig", linkerSettings: [.linkedLibrary("sqlite3")]),
 
         // Layer 5: crypto primitives and locked key memory.
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
@@ -34,7 +32,7 @@ let package = Package(
         .target(
             name: "CofferStore",
             dependencies: [
-                "CofferCrypto", "CMappedFault", "CFileSpace", "CSQLiteConfig", "CPostgres",
+                "CofferCrypto", "CMappedFault", "CFileSpace", "CPostgres",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log")

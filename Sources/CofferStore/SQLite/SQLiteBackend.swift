@@ -1,4 +1,3 @@
-import CSQLiteConfig
 import Foundation
 import Glibc
 import GRDB
@@ -94,16 +93,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
 
     // MARK: Opening
 
-    /// Process-wide SQLite settings, made once before the first connection opens (CSQLiteConfig; false
-    /// if SQLite was already in use and kept its defaults). Statement journals up to 1 MiB stay in
-    /// memory: every INSERT OR REPLACE of a chunk journals the pages it touches (the segment triggers
-    /// make it a multi-row change), about 64 KiB with 16 KiB pages, just past SQLite's 64 KiB default,
-    /// so a 256 MiB streaming write wrote 544 MB to temporary files (strace). Larger journals (a huge
-    /// file's rows deleted in one statement) still spill to a file.
-    static let sqliteConfigured: Bool = coffer_sqlite_statement_journal_spill(1 << 20) == SQLITE_OK
-
     static func configuration(readOnly: Bool, pageSize: Int? = nil) -> Configuration {
-        _ = sqliteConfigured
         var config = Configuration()
         config.readonly = readOnly
         config.allowsUnsafeTransactions = true
@@ -311,7 +301,6 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     /// to decide whether to write at open, and a URI made it write every time, also after a crash, before
     /// `foldInLeftoverWAL`. False if this SQLite has no such VFS (then nothing changes).
     static let exclusiveByDefault: Bool = {
-        _ = sqliteConfigured  // before sqlite3_vfs_find, which initializes SQLite
         guard let vfs = sqlite3_vfs_find("unix-excl") else { return false }
         return sqlite3_vfs_register(vfs, 1) == SQLITE_OK
     }()
