@@ -113,7 +113,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             store.onLostCommits = { [weak self] in self?.lostCommits() }
             store.onOthersWaiting = { [weak self] in self?.wakeCommitter.signal() }
         }
-        if !options.readOnly && options.removesOrphans { try removeOrphans() }
+        if !options.readOnly && options.removesOrphans { removeOrphans() }
     }
 
     /// Starts the background group committer (the mount does; unit tests may commit by hand).
@@ -389,9 +389,15 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         s.dirty = false
     }
 
-    private func removeOrphans() throws(FSError) {
+    /// Deletes the files an earlier session left unlinked but open (a crash, or a reap that failed).
+    /// A failure here refuses nothing: what was not deleted stays with its orphan row (an inode row
+    /// goes only after its chunks, deletes repeat harmlessly), and a later mount tries again. A full
+    /// disk must still mount, so the user can free space; a damaged row is for `coffer fsck`, not a
+    /// reason to hide every other file.
+    private func removeOrphans() {
+        var ids: [InodeNumber] = []
         do {
-            let ids = try store.orphans()
+            ids = try store.orphans()
             for id in ids {
                 if let r = try? store.inode(id), r.nlink == 0 {
                     let s = InodeState(ino: id, record: r)
@@ -400,10 +406,14 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 try store.removeOrphan(id)
             }
             if !ids.isEmpty {
-                logger.info("removed \(ids.count) file(s) left unlinked but open by an earlier session")
                 try store.commit()
+                logger.info("removed \(ids.count) file(s) left unlinked but open by an earlier session")
             }
-        } catch let e as FSError { throw e } catch { throw .io }
+        } catch {
+            logger.warning(
+                "removing \(ids.count) file(s) left unlinked but open by an earlier session failed (\(error)); their space stays in use until a later mount removes them"
+            )
+        }
     }
 
     // MARK: Group commit

@@ -155,6 +155,28 @@ struct LifecycleTests {
         #expect(f.fs.meta.withLock { f.fs.dying.isEmpty })
     }
 
+    /// An orphan that cannot be deleted at mount (here a temporary trigger on the new writer; in the field
+    /// a full disk) does not refuse the mount: every other file is there, the orphan stays with its row,
+    /// and the next mount removes it.
+    @Test func anOrphanThatCannotBeRemovedDoesNotRefuseTheMount() throws {
+        let f = try Fixture(chunkSize: 4096, engine: .sqlite)
+        defer { f.cleanup() }
+        let keep = try f.file("keep", b("keep me"))
+        let (ino, cid) = try f.dyingFile("doomed")
+        try f.crashAndRemount { store in
+            try store.sqlite.writer { db in
+                try db.execute(sql: "CREATE TEMP TRIGGER no_delete BEFORE DELETE ON inodes BEGIN SELECT RAISE(FAIL, 'injected'); END")
+            }
+        }
+        #expect(try f.list() == ["keep"])
+        #expect(try f.contents(keep) == b("keep me"))
+        #expect(try f.store.orphans() == [ino])
+        #expect(try f.store.inode(ino) != nil)
+        try f.remount()
+        #expect(try f.leftovers(ino, content: cid).isEmpty, "the orphan is removed at the next mount")
+        #expect(try f.contents(keep) == b("keep me"))
+    }
+
     /// A dropped transaction (a full disk) takes an uncommitted unlink with it: the dying inode is a file
     /// again and must not be reaped; one unlinked in a commit before stays dying.
     @Test func aDroppedTransactionGivesBackADyingFile() throws {

@@ -59,10 +59,12 @@ final class Fixture {
     }
 
     /// A "crash": commit what is pending (as the group committer would have), then forget the
-    /// filesystem without any release or shutdown, and mount a new one over a new store.
-    func crashAndRemount(options: CofferFileSystem.Options = .init()) throws {
+    /// filesystem without any release or shutdown, and mount a new one over a new store
+    /// (`beforeMount` sees that store first).
+    func crashAndRemount(options: CofferFileSystem.Options = .init(), beforeMount: (EntityStore) throws -> Void = { _ in }) throws {
         try fs.commit()
         store = try made.open(readOnly: options.readOnly)
+        try beforeMount(store)
         fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))
         open = true
     }

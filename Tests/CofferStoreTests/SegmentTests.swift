@@ -181,6 +181,35 @@ struct SegmentTests {
         }
     }
 
+    /// Deleting a large file's rows is one statement (a removed file, an orphan at mount): 40,000
+    /// chunk rows, as many as a 2.5 GiB file has, go at once on a freshly opened writer, their live
+    /// counts fall to zero and their segment goes. With statement journals spilling to temporary files
+    /// past 1 MiB this once failed with SQLITE_FULL (docs/MEASUREMENTS.md, session 17).
+    @Test func aFileOfManyChunksIsDeletedInOneStatement() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            store.sqlite.segmentThreshold = 32  // small chunks into segments: many rows, little to write
+            let file = try EntityStore.newContentId(), kept = try EntityStore.newContentId()
+            let cipher = try store.contentCipher(contentId: file)
+            let count = 40_000
+            try store.batch {
+                for i in 0..<count { try store.putChunk(file: file, index: UInt64(i), sealed: try cipher.seal([UInt8(i & 0xFF)], index: UInt64(i))) }
+            }
+            try store.putTestChunks(file: kept, count: 2, seed: 7, keys: keys)
+            try store.commit()
+            store.close()
+
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            #expect(try reopened.deleteChunks(file: file) == count)
+            try reopened.commit()
+            #expect(try reopened.chunkIndices(file: file).isEmpty)
+            let live = try reopened.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
+            #expect(live == Int64(2 * (65536 + ContentCipher.overhead)), "the deleted rows are still counted live")
+            try expectTestChunks(reopened, file: kept, count: 2, seed: 7)
+        }
+    }
+
     /// A group that is rolled back takes the segment it started with it; what a killed process left
     /// (bytes after the last commit, a wrong live count) is mended at the next open for writing, and
     /// nothing committed is lost.
