@@ -181,20 +181,25 @@ struct SegmentTests {
         }
     }
 
-    /// Deleting a large file's rows is one statement (a removed file, an orphan at mount): 40,000
-    /// chunk rows, as many as a 2.5 GiB file has, go at once on a freshly opened writer, their live
-    /// counts fall to zero and their segment goes. With statement journals spilling to temporary files
-    /// past 1 MiB this once failed with SQLITE_FULL (docs/MEASUREMENTS.md, session 17).
-    @Test func aFileOfManyChunksIsDeletedInOneStatement() throws {
+    /// Deleting a large file's rows (a removed file, an orphan at mount): 40,000 chunk rows, more than a
+    /// 1 GiB file of 32 KiB chunks has, go in a few statements on a freshly opened writer; their ranges, end to end in
+    /// their segment, are listed as one; their live counts fall to zero. With statement journals spilling
+    /// to temporary files past 1 MiB this once failed with SQLITE_FULL (docs/MEASUREMENTS.md, session 17).
+    @Test func aFileOfManyChunksIsDeleted() throws {
         try withTempDir { dir in
             let (store, keys, path) = try makeStore(in: dir)
-            store.sqlite.segmentThreshold = 32  // small chunks into segments: many rows, little to write
+            store.sqlite.segmentThreshold = 64  // small chunks into segments: many rows, little to write
             let file = try EntityStore.newContentId(), kept = try EntityStore.newContentId()
             let cipher = try store.contentCipher(contentId: file)
             let count = 40_000
             try store.batch {
-                for i in 0..<count { try store.putChunk(file: file, index: UInt64(i), sealed: try cipher.seal([UInt8(i & 0xFF)], index: UInt64(i))) }
+                for i in 0..<count {
+                    try store.putChunk(
+                        file: file, index: UInt64(i), sealed: try cipher.seal([UInt8](repeating: UInt8(i & 0xFF), count: 64), index: UInt64(i)))
+                }
             }
+            let inSegments = try store.sqlite.writer { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM chunks WHERE seg IS NOT NULL") }
+            #expect(inSegments == count)
             try store.putTestChunks(file: kept, count: 2, seed: 7, keys: keys)
             try store.commit()
             store.close()
@@ -202,6 +207,8 @@ struct SegmentTests {
             let reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
             #expect(try reopened.deleteChunks(file: file) == count)
+            let freed = try reopened.sqlite.writer { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM temp.freed_chunks") }
+            #expect(freed == 1, "chunks lying end to end are freed as one range")
             try reopened.commit()
             #expect(try reopened.chunkIndices(file: file).isEmpty)
             let live = try reopened.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }

@@ -147,20 +147,33 @@ extension SQLiteBackend {
         }
     }
 
+    /// Rows one statement deletes at most. A statement keeps a journal (in memory: `temp_store`) of every
+    /// page it changes: deleting a 16 GiB file's 524,288 rows in one statement took the daemon 34 MiB
+    /// more memory than in pieces of this many.
+    static let deletePiece = 8192
+
     public func deleteChunks(file: UInt64, from: UInt64) throws(StoreError) -> Int {
-        try write(file: file) { db in
-            try db.cachedStatement(sql: "DELETE FROM chunks WHERE file = ? AND idx >= ?").execute(arguments: [
-                Int64(bitPattern: file), Int64(bitPattern: from)
-            ])
-            return db.changesCount
-        }
+        try deleteChunksInPieces(file: file, first: from, last: UInt64(Int64.max))
     }
 
     public func deleteChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> Int {
+        try deleteChunksInPieces(file: file, first: first, last: last)
+    }
+
+    /// Chunks `first...last` of `file` (as stored: signed), deleted `deletePiece` rows at a time in index order.
+    private func deleteChunksInPieces(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> Int {
         try write(file: file) { db in
-            try db.cachedStatement(sql: "DELETE FROM chunks WHERE file = ? AND idx BETWEEN ? AND ?")
-                .execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)])
-            return db.changesCount
+            let piece = try db.cachedStatement(
+                sql: """
+                    DELETE FROM chunks WHERE rowid IN
+                    (SELECT rowid FROM chunks WHERE file = ? AND idx BETWEEN ? AND ? ORDER BY idx LIMIT \(Self.deletePiece))
+                    """)
+            var deleted = 0
+            repeat {
+                try piece.execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)])
+                deleted += db.changesCount
+            } while db.changesCount == Self.deletePiece
+            return deleted
         }
     }
 

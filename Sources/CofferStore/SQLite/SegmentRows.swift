@@ -19,7 +19,10 @@ extension SQLiteBackend {
         CREATE INDEX IF NOT EXISTS chunks_by_segment ON chunks(seg, off, len) WHERE seg IS NOT NULL;
         """
 
-    /// The writer's own bookkeeping: live byte counts and the ranges freed by the open transaction.
+    /// The writer's own bookkeeping: live byte counts and the ranges freed by the open transaction. A
+    /// freed chunk that starts where the last freed range ends extends it (a removed file's chunks mostly
+    /// lie end to end): deleting a 16 GiB file listed 524,288 ranges, read back as 524,288 rows, and the
+    /// daemon's memory grew by 126 MiB.
     /// `recursive_triggers` makes INSERT OR REPLACE fire the delete trigger for the row it replaces. No
     /// statement on the writer moves a row between segments (only inserts and deletes), so there is no
     /// UPDATE trigger; a compaction that moves chunks would add one.
@@ -31,7 +34,10 @@ extension SQLiteBackend {
         CREATE TEMP TRIGGER IF NOT EXISTS chunk_removed AFTER DELETE ON main.chunks WHEN old.seg IS NOT NULL
         BEGIN
             UPDATE segments SET live = live - old.len WHERE id = old.seg;
-            INSERT INTO freed_chunks(seg, off, len) VALUES (old.seg, old.off, old.len);
+            INSERT INTO freed_chunks(seg, off, len) SELECT old.seg, old.off, old.len WHERE NOT EXISTS (
+                SELECT 1 FROM freed_chunks WHERE rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off);
+            UPDATE freed_chunks SET len = len + old.len
+                WHERE rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off;
         END;
         """
 
@@ -151,7 +157,8 @@ extension SQLiteBackend {
             try db.execute(sql: "DELETE FROM segments WHERE id IN (\(freed.segments.map(String.init).joined(separator: ",")))")
         }
         let dead = Set(freed.segments)
-        for row in try Row.fetchAll(db, sql: "SELECT seg, off, len FROM temp.freed_chunks") {
+        let rows = try Row.fetchCursor(db, sql: "SELECT seg, off, len FROM temp.freed_chunks")
+        while let row = try rows.next() {
             guard let s = Self.int64(row, 0), let o = Self.int64(row, 1), let l = Self.int64(row, 2), !dead.contains(s) else { continue }
             freed.ranges.append((s, o, l))
         }

@@ -329,7 +329,9 @@ final class Segments: @unchecked Sendable {
             let fd = Glibc.open(path(id), O_RDWR | O_CLOEXEC | O_NOFOLLOW)
             guard fd >= 0 else { continue }
             defer { Glibc.close(fd) }
-            for r in group where r.offset >= 0 && r.length > 0 && r.length <= Int64(Self.maximumLength) && r.offset < Int64.max / 2 {
+            // A range is freed chunks lying end to end: never longer than a segment can be.
+            let longest = Self.segmentLength + Int64(Self.maximumLength)
+            for r in group where r.offset >= 0 && r.length > 0 && r.length <= longest && r.offset < Int64.max / 2 {
                 let start = (r.offset + block - 1) / block * block
                 let end = (r.offset + r.length) / block * block
                 if end > start { _ = coffer_punch_hole(fd, off_t(start), off_t(end - start)) }
