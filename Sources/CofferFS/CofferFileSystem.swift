@@ -395,9 +395,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// disk must still mount, so the user can free space; a damaged row is for `coffer fsck`, not a
     /// reason to hide every other file.
     private func removeOrphans() {
-        var ids: [InodeNumber] = []
         do {
-            ids = try store.orphans()
+            let ids = try store.orphans()
             for id in ids {
                 if let r = try? store.inode(id), r.nlink == 0 {
                     let s = InodeState(ino: id, record: r)
@@ -410,8 +409,11 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 logger.info("removed \(ids.count) file(s) left unlinked but open by an earlier session")
             }
         } catch {
+            // Nothing of the user's was in the group, and nothing is cached yet: a dropped group needs
+            // no reload (and no "writes since the last commit are lost" in the log).
+            rolledBack.withLock { $0 = nil }
             logger.warning(
-                "removing \(ids.count) file(s) left unlinked but open by an earlier session failed (\(error)); their space stays in use until a later mount removes them"
+                "removing the file(s) an earlier session left unlinked but open failed (\(error)); what was not removed stays until a later mount removes it"
             )
         }
     }

@@ -117,6 +117,52 @@ struct EntityStoreTests {
         }
     }
 
+    /// A file's chunk rows go in pieces (`deletePiece`); a piece that fails after others succeeded drops
+    /// the whole group, so no commit can name rows the earlier pieces deleted. One that fails first
+    /// leaves the group as it was. RAISE(ABORT) undoes its statement and keeps the transaction, as SQLite
+    /// may do on a full disk.
+    @Test func aDeleteThatFailsPartWayDropsTheGroup() throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(in: dir)
+            defer { store.close() }
+            let rollbacks = Mutex(0)
+            store.onRollback = { _ in rollbacks.withLock { $0 += 1 } }
+            let file = try EntityStore.newContentId()
+            let cipher = try store.contentCipher(contentId: file)
+            let count = SQLiteBackend.deletePiece + 100
+            try store.batch {
+                for i in 0..<count { try store.putChunk(file: file, index: UInt64(i), sealed: try cipher.seal([1], index: UInt64(i))) }
+            }
+            try store.commit()
+            // In the first piece: nothing was deleted, the group goes on.
+            try store.sqlite.writer { db in
+                try db.execute(sql: "CREATE TEMP TRIGGER refuse BEFORE DELETE ON chunks WHEN old.idx = 5 BEGIN SELECT RAISE(ABORT, 'injected'); END")
+            }
+            try store.batch { try store.putInode(7, sampleInode(size: 7)) }
+            #expect((try? store.deleteChunks(file: file)) == nil, "the delete fails")
+            #expect(rollbacks.withLock { $0 } == 0)
+            #expect(store.hasPendingChanges)
+            try store.sqlite.writer { db in try db.execute(sql: "DROP TRIGGER refuse") }
+            try store.commit()
+            #expect(try store.inode(7)?.size == 7)
+            // In the second piece: the first piece's deletes must not be committed.
+            let second = SQLiteBackend.deletePiece + 50
+            try store.sqlite.writer { db in
+                try db.execute(
+                    sql: "CREATE TEMP TRIGGER refuse BEFORE DELETE ON chunks WHEN old.idx = \(second) BEGIN SELECT RAISE(ABORT, 'injected'); END")
+            }
+            #expect((try? store.deleteChunks(file: file)) == nil, "the delete fails")
+            #expect(rollbacks.withLock { $0 } == 1, "the dropped group is reported")
+            #expect(!store.hasPendingChanges)
+            try store.sqlite.writer { db in try db.execute(sql: "DROP TRIGGER refuse") }
+            try store.commit()
+            #expect(try store.chunkIndices(file: file).count == count, "every row is still there")
+            #expect(try store.deleteChunks(file: file) == count)
+            try store.commit()
+            #expect(try store.chunkIndices(file: file).isEmpty)
+        }
+    }
+
     /// A checkpoint forced by the WAL's size while the writer is busy leaves the WAL file at its largest; once
     /// the writer is quiet the file is cut, though nothing was committed after (issue 19: 5 s after a 1 GiB
     /// write the container sometimes still held it twice).

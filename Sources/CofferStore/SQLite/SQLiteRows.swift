@@ -170,7 +170,13 @@ extension SQLiteBackend {
                     """)
             var deleted = 0
             repeat {
-                try piece.execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)])
+                do { try piece.execute(arguments: [Int64(bitPattern: file), Int64(bitPattern: first), Int64(bitPattern: last)]) } catch {
+                    // The pieces before it stay deleted in the open group, but the caller keeps its chunk
+                    // map: the group would commit a map naming rows that are gone. Drop the group instead,
+                    // as SQLite does on a full disk (the caller hears it through `onRollback`).
+                    if deleted > 0, db.isInsideTransaction { try? db.execute(sql: "ROLLBACK") }
+                    throw error
+                }
                 deleted += db.changesCount
             } while db.changesCount == Self.deletePiece
             return deleted

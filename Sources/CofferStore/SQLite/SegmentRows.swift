@@ -22,7 +22,8 @@ extension SQLiteBackend {
     /// The writer's own bookkeeping: live byte counts and the ranges freed by the open transaction. A
     /// freed chunk that starts where the last freed range ends extends it (a removed file's chunks mostly
     /// lie end to end): deleting a 16 GiB file listed 524,288 ranges, read back as 524,288 rows, and the
-    /// daemon's memory grew by 126 MiB.
+    /// daemon's memory grew by 126 MiB. Only a chunk a read would accept is listed (a damaged row's
+    /// length must not punch out its neighbours), so a range is never longer than its segment.
     /// `recursive_triggers` makes INSERT OR REPLACE fire the delete trigger for the row it replaces. No
     /// statement on the writer moves a row between segments (only inserts and deletes), so there is no
     /// UPDATE trigger; a compaction that moves chunks would add one.
@@ -34,10 +35,12 @@ extension SQLiteBackend {
         CREATE TEMP TRIGGER IF NOT EXISTS chunk_removed AFTER DELETE ON main.chunks WHEN old.seg IS NOT NULL
         BEGIN
             UPDATE segments SET live = live - old.len WHERE id = old.seg;
-            INSERT INTO freed_chunks(seg, off, len) SELECT old.seg, old.off, old.len WHERE NOT EXISTS (
+            INSERT INTO freed_chunks(seg, off, len) SELECT old.seg, old.off, old.len
+                WHERE old.off >= 0 AND old.len BETWEEN 1 AND \(Segments.maximumLength) AND NOT EXISTS (
                 SELECT 1 FROM freed_chunks WHERE rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off);
             UPDATE freed_chunks SET len = len + old.len
-                WHERE rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off;
+                WHERE old.off >= 0 AND old.len BETWEEN 1 AND \(Segments.maximumLength)
+                AND rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off;
         END;
         """
 
