@@ -273,6 +273,30 @@ struct SegmentTests {
         }
     }
 
+    /// A row whose length was changed to more than a chunk can be (40 MiB) is deleted: its range is not
+    /// listed as freed, so the committed chunks after it in the segment are not punched out.
+    @Test func aDamagedLengthPunchesNothingElse() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let before = try EntityStore.newContentId(), victim = try EntityStore.newContentId(), after = try EntityStore.newContentId()
+            try store.putTestChunks(file: before, count: 2, seed: 1, keys: keys)
+            try store.putTestChunks(file: victim, count: 1, seed: 2, keys: keys)
+            try store.putTestChunks(file: after, count: 3, seed: 3, keys: keys)
+            try store.commit()
+            store.close()
+            let queue = try DatabaseQueue(path: path)
+            try queue.write { db in try db.execute(sql: "UPDATE chunks SET len = ? WHERE file = ?", arguments: [40 << 20, Int64(victim)]) }
+            try queue.close()
+
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            #expect(try reopened.deleteChunks(file: victim) == 1)
+            try reopened.commit()
+            try expectTestChunks(reopened, file: before, count: 2, seed: 1)
+            try expectTestChunks(reopened, file: after, count: 3, seed: 3)
+        }
+    }
+
     /// A segment's bytes changed, a row pointed at another chunk's bytes or outside its file, a segment
     /// missing: that chunk fails authentication, nothing else is affected.
     @Test func tamperedSegmentsFailAuthentication() throws {
