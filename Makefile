@@ -3,8 +3,8 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 # The toolchain on PATH, else the one this machine kind ships in /opt/swift.
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
-RUNTIME_DEBS = fuse3 libfuse3-dev libssl-dev libargon2-dev libsqlite3-dev libpq-dev pkg-config
-TEST_DEBS = attr rsync sqlite3 git python3 util-linux systemd man-db postgresql
+RUNTIME_DEBS = fuse3 libfuse3-dev libssl-dev libargon2-dev libsqlite3-dev libpq-dev pkg-config git
+TEST_DEBS = attr rsync sqlite3 python3 util-linux systemd man-db postgresql
 BENCH_DEBS = gocryptfs fio python3 postgresql openssh-server sshfs
 DEMO_DIR ?= /tmp/coffer-demo
 

@@ -153,15 +153,11 @@ extension SQLiteBackend {
     static let deletePiece = 8192
 
     public func deleteChunks(file: UInt64, from: UInt64) throws(StoreError) -> Int {
-        try deleteChunksInPieces(file: file, first: from, last: UInt64(Int64.max))
-    }
-
-    public func deleteChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> Int {
-        try deleteChunksInPieces(file: file, first: first, last: last)
+        try deleteChunks(file: file, first: from, last: UInt64(Int64.max))
     }
 
     /// Chunks `first...last` of `file` (as stored: signed), deleted `deletePiece` rows at a time in index order.
-    private func deleteChunksInPieces(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> Int {
+    public func deleteChunks(file: UInt64, first: UInt64, last: UInt64) throws(StoreError) -> Int {
         try write(file: file) { db in
             let piece = try db.cachedStatement(
                 sql: """
