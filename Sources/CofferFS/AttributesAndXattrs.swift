@@ -51,14 +51,15 @@ extension CofferFileSystem {
         }
     }
 
-    public func clearSetID(_ ino: InodeNumber) throws(FSError) {
-        try meta.withLock { () throws(FSError) in
+    @discardableResult public func clearSetID(_ ino: InodeNumber) throws(FSError) -> Bool {
+        try meta.withLock { () throws(FSError) -> Bool in
             let s = try state(ino)
-            guard s.isRegular, s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 else { return }
+            guard s.isRegular, s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 else { return false }
             try checkWritable()
-            guard dropSetID(s) else { return }
+            guard dropSetID(s) else { return false }
             if stampsTimes(s) { s.record.ctime = .now() }
             s.dirty = true
+            return true
         }
     }
 

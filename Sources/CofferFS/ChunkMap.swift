@@ -38,6 +38,15 @@ final class ChunkMap {
 
     var isDirty: Bool { !dirty.isEmpty || droppedFrom != nil }
 
+    /// Whether chunks `first...last` can be recorded: a map lists at most `ChunkMapRoot.maxPages` pages,
+    /// and a page it lists already always fits. Counted from above (listed and loaded pages, some perhaps
+    /// emptied since), so a file at the limit may be refused a page early.
+    func fits(_ first: UInt64, _ last: UInt64) -> Bool {
+        guard last >= first else { return true }
+        let new = (first / Self.perPage...last / Self.perPage).filter { storedPages[$0] == nil && pages[$0] == nil }
+        return new.isEmpty || storedPages.count + pages.count + new.count <= ChunkMapRoot.maxPages
+    }
+
     private func page(_ p: UInt64, store: EntityStore) throws(StoreError) -> [ChunkTag] {
         if let tags = pages[p] { return tags }
         var tags: [ChunkTag] = []

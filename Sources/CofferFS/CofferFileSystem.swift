@@ -574,9 +574,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     func attributes(_ s: InodeState) -> Attributes {
         let r = s.record
+        // A symlink's size is the length readlink returns here (programs size their buffer by it), not
+        // the length of the target as written under another mountpoint.
+        let size = s.isSymlink ? r.symlinkTarget.flatMap { try? UInt64(resolvedTarget($0).count) } ?? r.size : r.size
         return Attributes(
             ino: s.ino, mode: r.mode, nlink: r.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
-            size: r.size, blocks: blocks(r),
+            size: size, blocks: blocks(r),
             atime: Timestamp(r.atime), mtime: Timestamp(r.mtime), ctime: Timestamp(r.ctime))
     }
 

@@ -154,7 +154,7 @@ extension CofferFileSystem {
         let first = offset / cs, last = (end - 1) / cs
         var output = [UInt8](repeating: 0, count: count)
         var scratch: [UInt8] = []
-        var seen = 0
+        var seen = 0, previous: UInt64?
         let store = self.store
         // Chunks fetched ahead (ReadAhead) serve the read when they are all the map names; else the store does.
         let held = readAhead.flatMap { Self.heldChunks($0.take(content: c.id, first: first, last: last), c, first, last) }
@@ -169,6 +169,13 @@ extension CofferFileSystem {
                                 ? "chunk \(index) of content \(c.id) (stored where the file's chunk map has a hole)"
                                 : "chunk \(index) of content \(c.id) (not the chunk the file's chunk map names: an older or foreign copy)")
                     }
+                    // Chunks come in index order: one listed twice (a copied row under an index that reads back
+                    // as the same integer) must not stand in for one that was deleted.
+                    if let previous, index <= previous {
+                        throw StoreError.authenticationFailed(
+                            kind: .contentChunk, entity: "chunk \(index) of content \(c.id) (listed twice or out of order)")
+                    }
+                    previous = index
                     seen += 1
                     let start = index * cs
                     if start >= offset && start + cs <= end {
@@ -235,6 +242,9 @@ extension CofferFileSystem {
                 let start = offset
                 let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
                 guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
+                // A map lists at most `ChunkMapRoot.maxPages` pages: one that needed more would leave an inode
+                // that no read accepts (only a file sparse over terabytes gets there).
+                guard s.chunkMap.fits(start / UInt64(chunkSize), (end - 1) / UInt64(chunkSize)) else { throw .fileTooBig }
                 let index = fitsTail(start: start, end: end, newSize: max(s.record.size, end))
                 if let index, s.tail?.index == index {
                     s.tail?.merge(data, at: Int(start - index * UInt64(chunkSize)))

@@ -27,7 +27,8 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// Clears set-user-ID, and set-group-ID when group-executable, of a regular file — what the kernel does
     /// before a write or O_TRUNC by a caller without CAP_FSETID. Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves
     /// this to the filesystem and marks the requests that need it; writes themselves never clear set-id bits.
-    func clearSetID(_ ino: InodeNumber) throws(FSError)
+    /// True when the mode changed: the kernel's cached mode is then stale (exec would still honour the bits).
+    @discardableResult func clearSetID(_ ino: InodeNumber) throws(FSError) -> Bool
 
     func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes
     func mkdir(parent: InodeNumber, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes

@@ -128,7 +128,7 @@ extension CofferFileSystem {
         let s = InodeState(ino: ino, record: record)
         s.epoch = storeEpoch.load(ordering: .acquiring)
         s.dirty = true
-        if isDir { dir.record.nlink += 1 }
+        if isDir { dir.linkAdded() }
         dir.record.mtime = now
         dir.record.ctime = now
         dir.dirty = true
@@ -182,12 +182,17 @@ extension CofferFileSystem {
         try meta.withLock { () throws(FSError) -> [UInt8] in
             let s = try state(ino)
             guard s.isSymlink, let stored = s.record.symlinkTarget else { throw .invalid }
-            let root = Array((options.symlinkRoot ?? "/").utf8)
-            do { return try ContainerPathTransformer.resolve(stored, root: root) } catch {
+            do { return try resolvedTarget(stored) } catch {
                 logger.error("symlink \(ino) holds a refused target: \(error)")
                 throw .io
             }
         }
+    }
+
+    /// A symlink's target as this mount shows it: a path inside the container is rooted at the current
+    /// mountpoint, so its length (the symlink's st_size) depends on where the container is mounted.
+    func resolvedTarget(_ stored: StoredPath) throws -> [UInt8] {
+        try ContainerPathTransformer.resolve(stored, root: Array((options.symlinkRoot ?? "/").utf8))
     }
 
     public func link(_ ino: InodeNumber, newParent: InodeNumber, newName: [UInt8]) throws(FSError) -> Attributes {
@@ -204,7 +209,7 @@ extension CofferFileSystem {
                 throw fsError(error)
             }
             let now = StoredTime.now()
-            s.record.nlink += 1
+            s.linkAdded()
             s.record.ctime = now
             try persist(s)
             dir.record.mtime = now
@@ -263,7 +268,7 @@ extension CofferFileSystem {
             try requireEmpty(s)
             do { try store.deleteEntry(parent: parent, name: name) } catch { throw fsError(error) }
             let now = StoredTime.now()
-            dir.record.nlink -= 1
+            dir.subdirectoryRemoved()
             dir.record.mtime = now
             dir.record.ctime = now
             dir.dirty = true
@@ -310,11 +315,11 @@ extension CofferFileSystem {
                 source.location = (newParent, newName)
                 if parent != newParent && source.isDirectory != target.isDirectory {
                     if source.isDirectory {
-                        fromDir.record.nlink -= 1
-                        toDir.record.nlink += 1
+                        fromDir.subdirectoryRemoved()
+                        toDir.linkAdded()
                     } else {
-                        fromDir.record.nlink += 1
-                        toDir.record.nlink -= 1
+                        fromDir.linkAdded()
+                        toDir.subdirectoryRemoved()
                     }
                 }
                 source.record.ctime = now
@@ -335,7 +340,7 @@ extension CofferFileSystem {
                     throw .isDirectory
                 }
                 if target.isDirectory {
-                    toDir.record.nlink -= 1
+                    toDir.subdirectoryRemoved()
                     target.record.nlink = 0
                     try destroy(target)
                     release(ifUnused: target)
@@ -347,8 +352,8 @@ extension CofferFileSystem {
             try put(newParent, newName, source)
             source.location = (newParent, newName)
             if source.isDirectory && parent != newParent {
-                fromDir.record.nlink -= 1
-                toDir.record.nlink += 1
+                fromDir.subdirectoryRemoved()
+                toDir.linkAdded()
             }
             source.record.ctime = now
             source.dirty = true
@@ -431,4 +436,12 @@ extension CofferFileSystem {
     public func fsyncdir(_ ino: InodeNumber, handle: HandleID, dataOnly: Bool) throws(FSError) {
         try commit()
     }
+}
+
+/// Link counts come from the store, where an older sealed record may have been put back: a count at
+/// its floor (a directory's two) or at its ceiling stays there instead of trapping; fsck reports the
+/// mismatch with the entries.
+extension InodeState {
+    func linkAdded() { record.nlink = record.nlink < .max ? record.nlink + 1 : .max }
+    func subdirectoryRemoved() { record.nlink = record.nlink > 2 ? record.nlink - 1 : 2 }
 }

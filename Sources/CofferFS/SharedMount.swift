@@ -112,7 +112,9 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
         try change { () throws(FSError) in try fs.setattr(ino, changes: changes, handle: handle.map { _ in .none }, caller: caller) }
     }
     public func readlink(_ ino: InodeNumber) throws(FSError) -> [UInt8] { try fs.readlink(ino) }
-    public func clearSetID(_ ino: InodeNumber) throws(FSError) { try change { () throws(FSError) in try fs.clearSetID(ino) } }
+    @discardableResult public func clearSetID(_ ino: InodeNumber) throws(FSError) -> Bool {
+        try change { () throws(FSError) in try fs.clearSetID(ino) }
+    }
     public func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes {
         try change { () throws(FSError) in try fs.mknod(parent: parent, name: name, mode: mode, rdev: rdev, caller: caller) }
     }

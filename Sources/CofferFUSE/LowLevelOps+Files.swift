@@ -20,7 +20,8 @@ extension LowLevelOps {
             // The kernel takes ENOSYS as "opens need no round trip" and sends no OPEN or RELEASE again
             // (directories: see opendir). It checks permissions itself (default_permissions).
             if ctx.fs.opensWithoutHandles { throw FSError(ENOSYS) }
-            if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_OPEN_KILL_SUIDGID (O_TRUNC)
+            // FUSE_OPEN_KILL_SUIDGID (O_TRUNC); the kernel keeps the mode it had until told.
+            if KillPrivHook.requested(for: ino), try ctx.fs.clearSetID(ino) { ctx.dropAttributes(ino) }
             let result = try ctx.fs.open(ino, flags: effectiveFlags(ctx, fi.pointee.flags), caller: caller(req))
             if result.attributesChanged { ctx.dropAttributes(ino) }
             fi.pointee.fh = result.handle
@@ -93,7 +94,10 @@ extension LowLevelOps {
         serve(req) { ctx throws(FSError) in
             let fi = try given(fi, else: .badHandle)
             guard off >= 0, size >= 0, buf != nil || size == 0 else { throw .invalid }
-            if KillPrivHook.requested(for: ino) { try ctx.fs.clearSetID(ino) }  // FUSE_WRITE_KILL_SUIDGID
+            // FUSE_WRITE_KILL_SUIDGID. The kernel keeps the mode it cached (a write refreshes only size and
+            // times), so stat and exec would still see the bits until the attribute timeout: it is told before
+            // the reply.
+            if KillPrivHook.requested(for: ino), try ctx.fs.clearSetID(ino) { ctx.dropAttributes(ino) }
             let written = try ctx.fs.write(
                 ino, handle: fi.pointee.fh, offset: UInt64(off),
                 data: UnsafeRawBufferPointer(start: buf, count: size))

@@ -59,7 +59,7 @@ public enum ChunkMapRoot: Equatable, Sendable {
     public static let inlineLimit = 8
     public static let positionsPerPage = 1024
     /// A dense file of 32 TiB at 32 KiB chunks; the inode then holds 16 MiB of page references.
-    static let maxPages = 1 << 20
+    public static let maxPages = 1 << 20
 
     func write(to w: inout ByteWriter) {
         switch self {

@@ -15,6 +15,10 @@ public final class StoreCopy {
         var done = 0  // rows (chunks: files) of the step already copied
         var index: Int64?  // chunks: the last index copied of file `done`
         var copied = 0  // rows copied in all
+
+        /// The record is read back from the destination, where anyone may have edited it: a step that
+        /// does not exist or counts that would index out of range or overflow make it unreadable.
+        var isSane: Bool { Step(rawValue: step) != nil && done >= 0 && copied >= 0 && copied < 1 << 52 }
     }
 
     enum Step: Int { case inodes, entries, xattrs, maps, orphans, chunks, finished }
@@ -194,7 +198,7 @@ public final class StoreCopy {
     /// An unfinished copy of this source: resumed when it copies the same source state, started over
     /// (after `discard`) when the source changed since.
     private func resume(_ store: any StoreBackend, discard: () throws -> Void) throws -> Bool {
-        guard let bytes = try store.copyProgress(), let record = try? JSONDecoder().decode(Progress.self, from: Data(bytes)) else {
+        guard let bytes = try store.copyProgress(), let record = try? JSONDecoder().decode(Progress.self, from: Data(bytes)), record.isSane else {
             store.close()
             throw CopyRefusal("\(destination): the copy's progress record cannot be read; remove it and copy again")
         }

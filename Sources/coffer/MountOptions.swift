@@ -88,8 +88,9 @@ struct MountOptionSet {
     /// Parses comma-separated options; an unknown one is an error that names it.
     mutating func parse(_ text: String) throws {
         for raw in Self.splitEscaped(text) where !raw.isEmpty {
-            let parts = raw.split(separator: "=", maxSplits: 1).map(String.init)
-            let key = parts[0], value = parts.count > 1 ? parts[1] : nil
+            // Empty parts are kept: "=" alone is an unknown (empty) option, not a crash.
+            let parts = raw.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+            let key = parts.first ?? "", value = parts.count > 1 && !parts[1].isEmpty ? parts[1] : nil
             switch (key, value) {
             case ("passfile", let v?): passfile = v
             case ("extpass", let v?): extpass = v

@@ -19,7 +19,7 @@ final class ProgressBar {
         guard elapsed > .milliseconds(300) else { return }
         if let lastDraw, now - lastDraw < .milliseconds(100), done < total { return }
         lastDraw = now
-        let fraction = min(1, Double(done) / Double(total))
+        let fraction = max(0, min(1, Double(done) / Double(total)))
         let width = 30
         let filled = Int(fraction * Double(width))
         let bar = String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)

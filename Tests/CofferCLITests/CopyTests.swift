@@ -147,6 +147,27 @@ struct CopyTests {
         try Self.expectSameFiles(sb, copy2, changed)
     }
 
+    /// The progress record lies in the destination, where anyone may edit it: a count that would index out
+    /// of range is refused with a clear error, never a crash.
+    @Test func anEditedProgressRecordIsRefused() throws {
+        let (sb, _) = try Self.filled("copyedit")
+        defer { sb.cleanup() }
+        let copy = sb.root + "/copy"
+        #expect(Self.copy([sb.container, copy], batchBytes: 64 << 10, killAfter: 3).status != 0)
+        let edit = E2E.py(
+            """
+            import json, sqlite3, sys
+            db = sqlite3.connect(sys.argv[1])
+            p = json.loads(db.execute('SELECT value FROM coffer_copy WHERE id = 1').fetchone()[0])
+            p['done'] = -1
+            db.execute('UPDATE coffer_copy SET value = ? WHERE id = 1', (json.dumps(p).encode(),))
+            db.commit()
+            """, [copy + "/store.db"])
+        try #require(edit.ok, "\(edit)")
+        let resumed = Self.copy([sb.container, copy])
+        #expect(resumed.status == 1 && resumed.stderr.contains("progress record cannot be read"), "\(resumed)")
+    }
+
     @Test func existingDestinationsAreRefused() throws {
         let (sb, _) = try Self.filled("copyrefuse")
         defer { sb.cleanup() }

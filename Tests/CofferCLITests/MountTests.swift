@@ -179,6 +179,11 @@ struct MountTests {
         #expect(r.status != 0, "\(r)")
         #expect(r.stderr.contains("frobnicate_widgets"), "\(r)")
         #expect(!E2E.isMounted(sb.mnt))
+        // An option that is only "=" (a slip in fstab) is unknown too, not a crash.
+        for bad in ["=", "noatime,=x"] {
+            let e = sb.mount(options: bad)
+            #expect(e.status == 64 && e.stderr.contains("unknown"), "\(bad): \(e)")
+        }
         #expect(E2E.wait(5) { cofferProcesses(serving: sb.container).isEmpty })
     }
 

@@ -549,6 +549,11 @@ struct PosixTests {
         #expect(readlink(m2 + "/outside") == "/etc/hostname", "a target outside the mount must stay as given")
         #expect(readlink(m2 + "/root-link") == m2)
         #expect(E2E.lstatOf(m2 + "/abs").map { ($0.st_mode & S_IFMT) == S_IFLNK } == true)
+        // st_size is the length readlink gives here (programs size their buffer by it), on every path.
+        for link in ["abs", "rel", "docs/dotted", "outside", "root-link"] {
+            let size = E2E.lstatOf(m2 + "/" + link).map { Int($0.st_size) }
+            #expect(size == readlink(m2 + "/" + link)?.utf8.count, "\(link): st_size \(String(describing: size))")
+        }
         #expect(E2E.unmount(sb, m2).ok)
     }
 
@@ -737,18 +742,31 @@ struct PosixTests {
         #expect(status.ok && status.stdout.isEmpty, "\(status)")
     }
 
-    @Test func allowOtherAndPermissions() throws {
+    /// A mount that another user can reach (the sandbox and the mountpoint are world-searchable), for
+    /// tests that act as nobody; nil, saying so, when not root.
+    static func mountForOtherUsers(_ name: String, options: String) throws -> Sandbox? {
         guard E2E.isRoot else {
             print("skipped: needs root to act as another user")
-            return
+            return nil
         }
-        let sb = try Sandbox("allowother")
-        defer { sb.cleanup() }
-        // nobody must be able to reach the mountpoint.
+        let sb = try Sandbox(name)
         chmod(sb.root, 0o755)
-        try sb.initAndMount(options: "allow_other")
+        do { try sb.initAndMount(options: options) } catch {
+            sb.cleanup()
+            throw error
+        }
+        #expect(chmod(sb.mnt, 0o755) == 0)
+        return sb
+    }
+
+    static func asNobody(_ script: String) -> RunResult {
+        E2E.run("/usr/sbin/runuser", ["-u", "nobody", "--", "/bin/sh", "-c", script])
+    }
+
+    @Test func allowOtherAndPermissions() throws {
+        guard let sb = try Self.mountForOtherUsers("allowother", options: "allow_other") else { return }
+        defer { sb.cleanup() }
         let m = sb.mnt
-        #expect(chmod(m, 0o755) == 0)
         try FileManager.default.createDirectory(atPath: m + "/pub", withIntermediateDirectories: false)
         #expect(chmod(m + "/pub", 0o1777) == 0)
         try E2E.write(m + "/secret", "root only")
@@ -756,9 +774,7 @@ struct PosixTests {
         try E2E.write(m + "/public", "everyone")
         #expect(chmod(m + "/public", 0o644) == 0)
 
-        func asNobody(_ script: String) -> RunResult {
-            E2E.run("/usr/sbin/runuser", ["-u", "nobody", "--", "/bin/sh", "-c", script])
-        }
+        let asNobody = Self.asNobody
         let create = asNobody("echo mine > '\(m)/pub/nobody.txt'")
         #expect(create.ok, "\(create)")
         let st = E2E.statOf(m + "/pub/nobody.txt")
@@ -783,20 +799,11 @@ struct PosixTests {
     /// them, chown clears them also for root; set-group-ID without group-execute stays for a group member.
     @Test(arguments: ["allow_other", "allow_other,no_writeback_cache"])
     func setIDBitsOnWriteTruncateAndChown(options: String) throws {
-        guard E2E.isRoot else {
-            print("skipped: needs root to act as another user")
-            return
-        }
-        let sb = try Sandbox("setid")
+        guard let sb = try Self.mountForOtherUsers("setid", options: options) else { return }
         defer { sb.cleanup() }
-        chmod(sb.root, 0o755)
-        try sb.initAndMount(options: options)
         let m = sb.mnt
-        #expect(chmod(m, 0o755) == 0)
         func mode(_ name: String) -> mode_t? { E2E.statOf(m + "/" + name).map { $0.st_mode & 0o7777 } }
-        func asNobody(_ script: String) -> RunResult {
-            E2E.run("/usr/sbin/runuser", ["-u", "nobody", "--", "/bin/sh", "-c", script])
-        }
+        let asNobody = Self.asNobody
         for name in ["w", "t", "o", "r", "c", "g"] {
             try E2E.write(m + "/" + name, "0123456789")
             #expect(chmod(m + "/" + name, name == "g" ? 0o2767 : 0o6777) == 0)
@@ -833,6 +840,23 @@ struct PosixTests {
         #expect(mode("r") == 0o6777 && mode("g") == 0o2767)
         #expect(E2E.read(m + "/w").map { String(decoding: $0, as: UTF8.self) } == "0123456789x")
         #expect(E2E.read(m + "/t")?.count == 3)
+    }
+
+    /// A set-user-ID program that another user just wrote to has lost the bit for exec too, not only in the
+    /// store: the kernel is told at once (it keeps the mode it cached across a write), so the program runs as
+    /// the writer, as on ext4 (a mount with `suid`).
+    @Test func aSetUserIDProgramWrittenByAnotherUserRunsAsThatUser() throws {
+        guard let sb = try Self.mountForOtherUsers("setid-exec", options: "allow_other,suid") else { return }
+        defer { sb.cleanup() }
+        let m = sb.mnt
+        let copy = E2E.run("/bin/cp", ["/usr/bin/id", m + "/idsu"])
+        try #require(copy.ok, "\(copy)")
+        #expect(chmod(m + "/idsu", 0o4777) == 0)
+        #expect(E2E.statOf(m + "/idsu").map { $0.st_mode & 0o7777 } == 0o4777)  // cached by the kernel now
+        let run = Self.asNobody("printf '\\0' >> '\(m)/idsu' && '\(m)/idsu' -u")
+        #expect(run.ok, "\(run)")
+        #expect(run.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "65534", "ran as \(run.stdout) after nobody wrote to it")
+        #expect(E2E.statOf(m + "/idsu").map { $0.st_mode & 0o7777 } == 0o0777)
     }
 
     @Test func withoutAllowOtherOtherUsersAreShutOut() throws {

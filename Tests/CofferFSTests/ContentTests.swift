@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Glibc
 import CofferTestSupport
 import Testing
@@ -139,6 +140,42 @@ struct ContentTests {
         expectError(FSError.fileTooBig) { _ = try f.write(ino, h3, at: UInt64(Int64.max) - 1, [1, 2, 3]) }
         expectError(FSError.fileTooBig) { _ = try f.write(ino, h3, at: UInt64.max - 1, [1, 2, 3]) }
         f.fs.release(ino, handle: h3)
+    }
+
+    /// A chunk map lists at most 2^20 pages: a write that needs one more page is refused (EFBIG) before
+    /// it is taken, never turned into an inode that no read accepts; pages already listed still take writes.
+    @Test func aMapAtItsPageLimitTakesNoNewPage() throws {
+        let perPage = UInt64(ChunkMapRoot.positionsPerPage)
+        let full = (0..<UInt64(ChunkMapRoot.maxPages)).map { ChunkMapPageRef(page: $0 * 2, version: 1) }
+        let map = ChunkMap(file: 1, root: .paged(full))
+        #expect(map.fits(0, perPage - 1), "a listed page")
+        #expect(map.fits(2 * perPage + 5, 2 * perPage + 300), "another listed page")
+        #expect(!map.fits(perPage, perPage), "page 1 is not listed: one too many")
+        #expect(!map.fits(2 * perPage - 1, 2 * perPage), "a write across a listed and an unlisted page")
+        let roomy = ChunkMap(file: 1, root: .paged(Array(full.dropLast())))
+        #expect(roomy.fits(perPage, perPage), "one page below the limit")
+    }
+
+    /// A row copied under an index that reads back as the same integer (5.5 in an INTEGER column) must not
+    /// stand in for the chunk deleted after it: the read is EIO, not zeros.
+    @Test func aChunkListedTwiceDoesNotHideADeletedOne() throws {
+        let f = try Fixture(chunkSize: 4096, engine: .sqlite)
+        defer { f.cleanup() }
+        let ino = try f.file("f", (0..<(3 * 4096)).map { UInt8(truncatingIfNeeded: $0 / 7) })
+        let cid = try #require(f.contentId(ino))
+        try f.fs.commit()
+        let q = try DatabaseQueue(path: f.storePath)
+        try q.write { db in
+            let file = Int64(bitPattern: cid)
+            let copy = "INSERT INTO chunks(file, idx, value, seg, off, len) SELECT file, 1.5, value, seg, off, len FROM chunks"
+            try db.execute(sql: copy + " WHERE file = ? AND idx = 1", arguments: [file])
+            try db.execute(sql: "DELETE FROM chunks WHERE file = ? AND idx = 2", arguments: [file])
+        }
+        try q.close()
+        try f.remount()
+        let h = try f.fs.open(ino, flags: O_RDONLY, caller: caller).handle
+        expectError(FSError.io) { _ = try f.fs.read(ino, handle: h, offset: 0, size: 3 * 4096) }
+        f.fs.release(ino, handle: h)
     }
 
     @Test func truncateOnOpen() throws {

@@ -222,12 +222,14 @@ final class MemoryFileSystem: FileSystemOperations, Sendable {
         }
     }
 
-    func clearSetID(_ ino: InodeNumber) throws(FSError) {
+    func clearSetID(_ ino: InodeNumber) throws(FSError) -> Bool {
         try state.withLock { s throws(FSError) in
             Self.note(&s, "clearSetID")
             var n = try Self.node(&s, ino)
+            let before = n.attributes.mode
             Self.dropSetID(&n)
             s.nodes[ino] = n
+            return n.attributes.mode != before
         }
     }
 

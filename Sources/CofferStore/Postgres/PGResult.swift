@@ -41,6 +41,12 @@ public final class PGResult: @unchecked Sendable {  // a PGresult is read-only o
         }
     }
 
+    /// A row count (`count(*)`): never negative, and never so large that the sums and weights of
+    /// progress totals overflow, whatever a hostile server sends.
+    public func count(_ row: Int, _ column: Int) throws(PGError) -> Int {
+        Int(max(0, min(try int64(row, column) ?? 0, 1 << 48)))
+    }
+
     public func bool(_ row: Int, _ column: Int) throws(PGError) -> Bool? {
         guard let raw = try value(row, column, [PGValue.OID.bool]) else { return nil }
         guard raw.count == 1 else { throw PGError(.unexpectedResult, "a bool of \(raw.count) bytes in column \(column)") }

@@ -117,11 +117,11 @@ extension PostgresBackend {
         try read { c in
             let r = try c.execute(sql.counts, prepared: true)
             var n = StoreCounts()
-            n.inodes = Int(try r.int64(0, 0) ?? 0)
-            n.entries = Int(try r.int64(0, 1) ?? 0)
-            n.chunks = Int(try r.int64(0, 2) ?? 0)
-            n.xattrs = Int(try r.int64(0, 3) ?? 0)
-            n.chunkMapPages = Int(try r.int64(0, 4) ?? 0)
+            n.inodes = try r.count(0, 0)
+            n.entries = try r.count(0, 1)
+            n.chunks = try r.count(0, 2)
+            n.xattrs = try r.count(0, 3)
+            n.chunkMapPages = try r.count(0, 4)
             return n
         }
     }
@@ -145,7 +145,7 @@ extension PostgresBackend {
 
     public func chunkFileSummaries() throws(StoreError) -> [ChunkFileSummary] {
         try rows(sql.chunkSummaries) { r, i in
-            ChunkFileSummary(file: try Self.u64(r, i, 0), rows: Int(try r.int64(i, 1) ?? 0), maxIndex: try r.int64(i, 2) ?? 0)
+            ChunkFileSummary(file: try Self.u64(r, i, 0), rows: try r.count(i, 1), maxIndex: try r.int64(i, 2) ?? 0)
         }
     }
 
