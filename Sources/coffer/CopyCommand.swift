@@ -38,8 +38,14 @@ struct CopyCommand: ParsableCommand {
     func run() throws {
         try reportingFailures {
             let src = try ContainerSource.location(source), dst = try ContainerSource.location(destination)
-            if case .directory(let a) = src, case .directory(let b) = dst, Container.absolutePath(a) == Container.absolutePath(b) {
-                throw CLIFailure(message: "SRC and DEST are the same place", code: ExitStatus.usage)
+            if case .directory(let a) = src, case .directory(let b) = dst {
+                let (x, y) = (Container.absolutePath(a) + "/", Container.absolutePath(b) + "/")
+                if x == y { throw CLIFailure(message: "SRC and DEST are the same place", code: ExitStatus.usage) }
+                // One container's directory inside the other's: the copy would become a stray file of the source
+                // (or, under segments/, something its cleanup would trip on), or be copied into itself.
+                if x.hasPrefix(y) || y.hasPrefix(x) {
+                    throw CLIFailure(message: "SRC and DEST must not lie one inside the other", code: ExitStatus.usage)
+                }
             }
             if verify { try secret.checkSource() }
             if case .directory(let path) = src { _ = try Container.open(at: path) }  // before any secret is asked

@@ -194,6 +194,13 @@ struct CopyTests {
         #expect(Self.copy([sb.container, copy]).ok)
         let r4 = Self.copy([sb.container, copy])
         #expect(r4.status == 1 && r4.stderr.contains("already a complete copy of this container"), "\(r4)")
+        // One inside the other, either way round (the same place is refused too).
+        for (from, to) in [(sb.container, sb.container + "/inner"), (sb.container, sb.container + "/segments/x"), (sb.container, sb.root)] {
+            let r = Self.copy([from, to])
+            #expect(r.status == 64 && r.stderr.contains("one inside the other"), "\(from) -> \(to): \(r)")
+        }
+        #expect(access(sb.container + "/inner", F_OK) != 0)
+        #expect(Self.copy([sb.container, sb.container + "/."]).stderr.contains("the same place"))
     }
 
     @Test func verifyFindsARowTamperedInTheCopy() throws {
