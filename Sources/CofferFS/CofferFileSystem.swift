@@ -116,6 +116,15 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         if !options.readOnly && options.removesOrphans { removeOrphans() }
     }
 
+    public func onChangedElsewhere(_ handler: @escaping @Sendable ([InodeNumber]) -> Void) {
+        guard options.coherent else { return }
+        store.onForeignInodes = handler
+    }
+
+    public func kernelNames(_ inodes: [InodeNumber]) -> [(ino: InodeNumber, parent: InodeNumber, name: [UInt8])] {
+        meta.withLock { inodes.compactMap { ino in self.inodes[ino]?.location.map { (ino, $0.parent, $0.name) } } }
+    }
+
     /// Starts the background group committer (the mount does; unit tests may commit by hand).
     /// It also deletes the rows of removed files once the filesystem is quiet (`reapIfQuiet`), and
     /// then gives their pages back to the disk (`shrinkIfQuiet`).

@@ -102,9 +102,18 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// truncate and fallocate, and sends them in a SETATTR, which may come before the WRITEs of the same
     /// data (those leave its page cache later, in the background).
     func writebackCacheGranted(_ granted: Bool)
+
+    /// Mounts that share their container: `handler` is called (on the engine's listener thread, which it
+    /// must not hold up) with the inodes another mount's commit wrote, so the kernel can drop what it
+    /// cached of them. A filesystem alone on its store never calls it.
+    func onChangedElsewhere(_ handler: @escaping @Sendable ([InodeNumber]) -> Void)
+    /// The directory and name the kernel last found each of `inodes` by, for those it may still hold.
+    func kernelNames(_ inodes: [InodeNumber]) -> [(ino: InodeNumber, parent: InodeNumber, name: [UInt8])]
 }
 
 extension FileSystemOperations {
+    public func onChangedElsewhere(_ handler: @escaping @Sendable ([InodeNumber]) -> Void) {}
+    public func kernelNames(_ inodes: [InodeNumber]) -> [(ino: InodeNumber, parent: InodeNumber, name: [UInt8])] { [] }
     public var opensWithoutHandles: Bool { false }
     public var sharesLocks: Bool { false }
     public func testLock(_ ino: InodeNumber, owner: UInt64, lock: FileLock) throws(FSError) -> FileLock? { throw FSError(ENOSYS) }

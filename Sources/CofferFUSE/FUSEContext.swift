@@ -22,6 +22,8 @@ final class FUSEContext: @unchecked Sendable {
     let reader = RequestReader()
     /// Hands the rest of each decrypted chunk to the kernel's page cache; read-only mounts only (PageCacheFiller).
     let pageFiller: PageCacheFiller?
+    /// Drops what the kernel cached of inodes another mount changed (filesystems that share their store).
+    let kernelNotifier = KernelNotifier()
     /// Blocking lock requests parked off the workers (filesystems that share locks only).
     let lockWaiters = LockWaiters()
     private let shutdownDone = Atomic<Bool>(false)

@@ -179,8 +179,8 @@ public final class FUSEMount: @unchecked Sendable {
             if mounted { fuse_session_unmount(se) }
             // A store (or a lock's page drop) blocked on a page a READ holds (no worker answers it now) ends
             // when the connection does; if it has not, the session must outlive it (the process is about to exit).
-            let pagesDropped = ctx.lockWaiters.detach()
-            if ctx.pageFiller?.stop() == false || !pagesDropped {
+            let pagesDropped = ctx.lockWaiters.detach(), entriesDropped = ctx.kernelNotifier.stop()
+            if ctx.pageFiller?.stop() == false || !pagesDropped || !entriesDropped {
                 logger.error("FUSE: a page-cache store did not end; the session is left to the exit")
                 ctx.shutdownOnce()
             } else {
@@ -238,6 +238,7 @@ public final class FUSEMount: @unchecked Sendable {
 
         ctx.pageFiller?.start(session: se)
         ctx.lockWaiters.attach(se)
+        ctx.kernelNotifier.start(session: se, fs: ctx.fs)
         ctx.session.withLock { $0 = FUSEContext.SessionPointer(pointer: se) }
         startWatcher(deviceBefore: deviceBefore, context: ctx, onReady: onReady)
 

@@ -48,8 +48,15 @@ public final class EntityStore: @unchecked Sendable {
         get { handlers.withLock { $0.foreignChange } }
         set { handlers.withLock { $0.foreignChange = newValue } }
     }
+    /// Called (on the engine's thread, after `onForeignChange`) with the inodes whose records another
+    /// mount's commit wrote, when its announcement named them.
+    public var onForeignInodes: (@Sendable ([UInt64]) -> Void)? {
+        get { handlers.withLock { $0.foreignInodes } }
+        set { handlers.withLock { $0.foreignInodes = newValue } }
+    }
     private struct Handlers {
         var foreignChange: (@Sendable () -> Void)?
+        var foreignInodes: (@Sendable ([UInt64]) -> Void)?
         var othersWaiting: (@Sendable () -> Void)?
     }
     private let handlers = Mutex(Handlers())
@@ -186,7 +193,9 @@ public final class EntityStore: @unchecked Sendable {
         backend.onGroupBegin = { [weak self] sealed, reconnected throws(StoreError) in
             try self?.observe(sealed, reconnected: reconnected)
         }
-        backend.listen(heard: { [weak self] in self?.onForeignChange?() }, wanted: { [weak self] in self?.onOthersWaiting?() })
+        backend.listen(
+            heard: { [weak self] in self?.onForeignChange?() }, changed: { [weak self] in self?.onForeignInodes?($0) },
+            wanted: { [weak self] in self?.onOthersWaiting?() })
     }
 
     /// Called (on the engine's thread) when another mount asks for the writer lock.

@@ -40,7 +40,7 @@ public protocol CoherentBackend: StoreBackend {
     /// one from holding the others up for longer than a short slice.
     var othersWaiting: Bool { get }
     /// Starts hearing the other mounts (on a thread of the engine's): `heard` for each of their
-    /// commits, and after a lost connection, when some may have gone unheard; `wanted` when one asks
-    /// for the writer lock.
-    func listen(heard: @escaping @Sendable () -> Void, wanted: @escaping @Sendable () -> Void)
+    /// commits, and after a lost connection, when some may have gone unheard; then `changed` with the
+    /// inodes those commits wrote, when they named them; `wanted` when one asks for the writer lock.
+    func listen(heard: @escaping @Sendable () -> Void, changed: @escaping @Sendable ([UInt64]) -> Void, wanted: @escaping @Sendable () -> Void)
 }

@@ -122,6 +122,32 @@ struct SharedMountTests {
         t.unmountAndCheck()
     }
 
+    /// Another mount's changes reach this kernel's caches as they are announced, not at the 1 s timeouts: a
+    /// mode changed there shows in `stat` here, and a name removed there is gone here, well within a second
+    /// although this kernel had just cached both (the best of three rounds: the machine is shared).
+    @Test func changesElsewhereDropWhatTheKernelCached() throws {
+        let t = try TwoMachines("inval")
+        defer { t.cleanup() }
+        func secondsUntil(_ done: () -> Bool) -> Double {
+            let start = Date()
+            _ = E2E.wait(3) { done() }
+            return Date().timeIntervalSince(start)
+        }
+        var modes: [Double] = [], names: [Double] = []
+        for round in 0..<3 {
+            let f = "/f\(round)"
+            try E2E.write(t.a + f, "x")
+            #expect(E2E.wait(3) { E2E.statOf(t.b + f) != nil })
+            #expect(chmod(t.a + f, 0o600) == 0)
+            modes.append(secondsUntil { (E2E.statOf(t.b + f)?.st_mode ?? 0) & 0o777 == 0o600 })
+            #expect(unlink(t.a + f) == 0)
+            names.append(secondsUntil { E2E.statOf(t.b + f) == nil })
+        }
+        #expect((modes.min() ?? 9) < 0.6, "a mode changed elsewhere showed after \(modes) s")
+        #expect((names.min() ?? 9) < 0.6, "a name removed elsewhere went after \(names) s")
+        t.unmountAndCheck()
+    }
+
     /// A machine that works while another is merely mounted groups its changes (commits at most every
     /// 50 ms) instead of a transaction per change, and the idle machine still opens what it closed.
     @Test func aBusyMachineBesideAnIdleOneGroupsItsChanges() throws {

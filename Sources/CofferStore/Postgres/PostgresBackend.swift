@@ -66,6 +66,8 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
         var since: ContinuousClock.Instant?
         var bytes = 0
         var dirtyFiles = Set<UInt64>()
+        /// Inodes whose records the group wrote or deleted, named in its commit's notification.
+        var inodes = Set<UInt64>()
         /// Something was written (a group begun only for its lock and state may end without a commit).
         var wrote = false
         /// Writes whose answer nothing waits for (`later`), sent in the round trip of the next statement
@@ -77,6 +79,7 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             since = nil
             bytes = 0
             dirtyFiles.removeAll()
+            inodes.removeAll()
             wrote = false
             _ = takeQueued()
         }
@@ -226,13 +229,15 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
         }
     }
 
-    public func listen(heard: @escaping @Sendable () -> Void, wanted: @escaping @Sendable () -> Void) {
+    public func listen(
+        heard: @escaping @Sendable () -> Void, changed: @escaping @Sendable ([UInt64]) -> Void, wanted: @escaping @Sendable () -> Void
+    ) {
         listener.withLock { l in
             guard l == nil, !closed.load(ordering: .acquiring) else { return }
             l = PostgresListener(
                 conninfo: location.conninfo, sql: sql, ignoring: fenceHolder ?? "",
                 sole: { [weak self] at in self?.soleConfirmed.withLock { $0 = at } },
-                joined: { [weak self] in self?.joined.load(ordering: .acquiring) ?? false }, heard: heard,
+                joined: { [weak self] in self?.joined.load(ordering: .acquiring) ?? false }, heard: heard, changed: changed,
                 wanted: { [weak self] in
                     self?.lastAsked.withLock { $0 = .now }
                     wanted()

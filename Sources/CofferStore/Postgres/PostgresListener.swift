@@ -19,7 +19,8 @@ final class PostgresListener: @unchecked Sendable {
     init(
         conninfo: String, sql: PostgresSQL, ignoring me: String,
         sole: @escaping @Sendable (ContinuousClock.Instant?) -> Void, joined: @escaping @Sendable () -> Bool,
-        heard: @escaping @Sendable () -> Void, wanted: @escaping @Sendable () -> Void
+        heard: @escaping @Sendable () -> Void, changed: @escaping @Sendable ([UInt64]) -> Void,
+        wanted: @escaping @Sendable () -> Void
     ) {
         let myWant = PostgresSQL.wantPrefix + me, myJoin = PostgresSQL.joinPrefix + me
         let channel = sql.channel, schema = [PGValue.text(sql.schema)]
@@ -28,13 +29,20 @@ final class PostgresListener: @unchecked Sendable {
             var first = true
             var holdsSole = false
             var nextTry = ContinuousClock.now
-            /// Tells `heard` and `wanted`; true when the payloads say this mount is not alone (any more).
+            /// Tells `heard` (then `changed`, with the inodes the commits named) and `wanted`; true when the
+            /// payloads say this mount is not alone (any more).
             func handle(_ payloads: [String]) -> Bool {
                 let joining = payloads.contains { $0.hasPrefix(PostgresSQL.joinPrefix) && $0 != myJoin }
-                let committed = payloads.contains { !$0.hasPrefix(PostgresSQL.wantPrefix) && !$0.hasPrefix(PostgresSQL.joinPrefix) && $0 != me }
+                let commits = payloads.map(PostgresSQL.parsePayload).filter {
+                    !$0.holder.hasPrefix(PostgresSQL.wantPrefix) && !$0.holder.hasPrefix(PostgresSQL.joinPrefix) && $0.holder != me
+                }
                 if payloads.contains(where: { $0.hasPrefix(PostgresSQL.wantPrefix) && $0 != myWant }) { wanted() }
-                if committed { heard() }
-                return joining || committed
+                if !commits.isEmpty {
+                    heard()
+                    let named = commits.flatMap { $0.inodes ?? [] }
+                    if !named.isEmpty { changed(named) }
+                }
+                return joining || !commits.isEmpty
             }
             func letGo(_ c: PGConnection) throws {
                 sole(nil)  // before the lock goes: a mount that joins must find this mount checking again

@@ -56,8 +56,12 @@ extension PostgresBackend {
     }
     public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) {
         try later(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count)
+        pending.withLock { _ = $0.inodes.insert(id) }
     }
-    public func deleteInode(_ id: UInt64) throws(StoreError) { try later(sql.deleteInode, [Self.id(id)]) }
+    public func deleteInode(_ id: UInt64) throws(StoreError) {
+        try later(sql.deleteInode, [Self.id(id)])
+        pending.withLock { _ = $0.inodes.insert(id) }
+    }
 
     // MARK: Directory entries
 

@@ -105,6 +105,24 @@ struct PostgresSQL: Sendable {
     static let wantPrefix = "?"
     var stateRow: String { "SELECT value FROM \(q).meta WHERE name = 'state'" }
     static let notify = "SELECT pg_notify($1, $2)"
+
+    /// A commit's notification: the committing mount's holder id, then (when they fit well inside
+    /// PostgreSQL's 8000-byte payload) the inodes whose records it wrote, in hex, so the other mounts
+    /// can drop what their kernels cached of them. The ids are the rows' own keys: the server sees
+    /// which rows a commit writes anyway.
+    static func commitPayload(holder: String, inodes: Set<UInt64>) -> String {
+        guard !inodes.isEmpty, inodes.count <= maxNamedInodes else { return holder }
+        return holder + " " + inodes.map { String($0, radix: 16) }.joined(separator: ",")
+    }
+    static let maxNamedInodes = 400
+
+    /// A notification's sender, and the inodes it named (a commit's; nil when none were named or
+    /// they do not parse: the receiver then cannot tell its kernel what changed, only reread).
+    static func parsePayload(_ payload: String) -> (holder: String, inodes: [UInt64]?) {
+        guard let space = payload.firstIndex(of: " ") else { return (payload, nil) }
+        let ids = payload[payload.index(after: space)...].split(separator: ",").map { UInt64($0, radix: 16) }
+        return (String(payload[..<space]), ids.contains(nil) || ids.isEmpty ? nil : ids.compactMap { $0 })
+    }
     /// The advisory lock space of Coffer's writer locks ("COFF").
     static let lockSpace: Int32 = 0x434F_4646
 

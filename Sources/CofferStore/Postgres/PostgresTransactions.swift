@@ -163,13 +163,16 @@ extension PostgresBackend {
                 return false
             }
             let sealed = try state()
-            let queued = pending.withLock { $0.takeQueued() }
+            let (queued, changed) = pending.withLock { ($0.takeQueued(), $0.inodes) }
             try inTransaction {
                 var statements = queued
                 // Commits in between need not wait for the server's disk: fsync and unmount commit
                 // durably, which flushes every earlier commit too.
                 if !durable { statements.append(PGStatement("SET LOCAL synchronous_commit = off")) }
-                if coherent { statements.append(PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(fenceHolder ?? "")], prepared: true)) }
+                if coherent {
+                    let payload = PostgresSQL.commitPayload(holder: fenceHolder ?? "", inodes: changed)
+                    statements.append(PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(payload)], prepared: true))
+                }
                 if let holder = fenceHolder {
                     statements.append(PGStatement(sql.fenceLease, [.text(holder), .int4(Int32(clamping: PostgresLease.duration))], prepared: true))
                 }
