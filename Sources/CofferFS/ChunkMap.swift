@@ -41,9 +41,11 @@ final class ChunkMap {
     /// Whether chunks `first...last` can be recorded: a map lists at most `ChunkMapRoot.maxPages` pages,
     /// and a page it lists already always fits. Counted from above (listed and loaded pages, some perhaps
     /// emptied since), so a file at the limit may be refused a page early.
-    func fits(_ first: UInt64, _ last: UInt64) -> Bool {
+    /// `tail`: the position of a buffered chunk not recorded yet (its page may have left the cache).
+    func fits(_ first: UInt64, _ last: UInt64, tail: UInt64? = nil) -> Bool {
         guard last >= first else { return true }
-        let new = (first / Self.perPage...last / Self.perPage).filter { storedPages[$0] == nil && pages[$0] == nil }
+        let touched = Set(first / Self.perPage...last / Self.perPage).union(tail.map { [$0 / Self.perPage] } ?? [])
+        let new = touched.filter { storedPages[$0] == nil && pages[$0] == nil }
         return new.isEmpty || storedPages.count + pages.count + new.count <= ChunkMapRoot.maxPages
     }
 

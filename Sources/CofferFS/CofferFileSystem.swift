@@ -515,8 +515,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Begins this mount's group transaction with the container's writer lock: what follows is decided
     /// on what every mount committed. A rollback met here is EIO (logged).
     func beginGroup() throws(FSError) {
+        let opening = !store.hasPendingChanges
         do { try store.beginGroup() } catch { throw fsError(error) }
         meta.withLock { applyLostCommits() }
+        // Beside other mounts a group is committed within `sharedCommitInterval` (their kernels hear of its
+        // changes then): the committer, asleep longer while no group was open, looks again.
+        if opening && !store.isAlone { wakeCommitter.signal() }
     }
 
     /// Commits the group (the changed records first); `durable` waits for the server's disk.
@@ -583,13 +587,17 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     func attributes(_ s: InodeState) -> Attributes {
         let r = s.record
-        // A symlink's size is the length readlink returns here (programs size their buffer by it), not
-        // the length of the target as written under another mountpoint.
-        let size = s.isSymlink ? r.symlinkTarget.flatMap { try? UInt64(resolvedTarget($0).count) } ?? r.size : r.size
         return Attributes(
             ino: s.ino, mode: r.mode, nlink: r.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
-            size: size, blocks: blocks(r),
+            size: reportedSize(s), blocks: blocks(r),
             atime: Timestamp(r.atime), mtime: Timestamp(r.mtime), ctime: Timestamp(r.ctime))
+    }
+
+    /// A symlink's size is the length readlink returns here (programs size their buffer by it), not the
+    /// length of the target as written under another mountpoint.
+    func reportedSize(_ s: InodeState) -> UInt64 {
+        guard s.isSymlink, let stored = s.record.symlinkTarget, let target = try? resolvedTarget(stored) else { return s.record.size }
+        return UInt64(target.count)
     }
 
     /// 512-byte blocks of the chunks actually stored: sparse files look sparse to du, cp and rsync.

@@ -243,8 +243,10 @@ extension CofferFileSystem {
                 let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
                 guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
                 // A map lists at most `ChunkMapRoot.maxPages` pages: one that needed more would leave an inode
-                // that no read accepts (only a file sparse over terabytes gets there).
-                guard s.chunkMap.fits(start / UInt64(chunkSize), (end - 1) / UInt64(chunkSize)) else { throw .fileTooBig }
+                // that no read accepts (a file of 32 TiB at 32 KiB chunks, 4 TiB at 4 KiB, or one that sparse).
+                guard s.chunkMap.fits(start / UInt64(chunkSize), (end - 1) / UInt64(chunkSize), tail: s.tail?.index) else {
+                    throw .fileTooBig
+                }
                 let index = fitsTail(start: start, end: end, newSize: max(s.record.size, end))
                 if let index, s.tail?.index == index {
                     s.tail?.merge(data, at: Int(start - index * UInt64(chunkSize)))

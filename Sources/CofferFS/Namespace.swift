@@ -438,9 +438,9 @@ extension CofferFileSystem {
     }
 }
 
-/// Link counts come from the store, where an older sealed record may have been put back: a count at
-/// its floor (a directory's two) or at its ceiling stays there instead of trapping; fsck reports the
-/// mismatch with the entries.
+/// Link counts come from the store, where an older sealed record may have been put back: a count at or
+/// below its floor (a directory's two) or at its ceiling stays there (or goes to the floor) instead of
+/// trapping; fsck reports the mismatch with the entries.
 extension InodeState {
     func linkAdded() { record.nlink = record.nlink < .max ? record.nlink + 1 : .max }
     func subdirectoryRemoved() { record.nlink = record.nlink > 2 ? record.nlink - 1 : 2 }

@@ -32,10 +32,10 @@ final class FUSEContext: @unchecked Sendable {
     struct SessionPointer: @unchecked Sendable { let pointer: OpaquePointer }
 
     /// Drops the kernel's attributes of an inode (not its pages: an open without keep_cache does that),
-    /// so that the next read asks for the size (or stat and exec for the mode). Called from an OPEN or a
-    /// WRITE, which are not among the operations the kernel may hold locks for while this runs (libfuse:
-    /// fuse_lowlevel_notify_inval_inode); a negative offset leaves the page cache alone, so it takes no
-    /// page lock either.
+    /// so that the next read asks for the size (or stat and exec for the mode). Safe inside any request,
+    /// even a WRITE or an O_TRUNC OPEN that holds the inode's lock and pages in the kernel: with a negative
+    /// offset the kernel only marks the attributes stale (fuse_reverse_inval_inode takes no inode or page
+    /// lock). An offset of 0 or more would wait for the pages such a request holds: a deadlock.
     func dropAttributes(_ ino: UInt64) {
         session.withLock { s in
             guard let s else { return }

@@ -135,6 +135,9 @@ extension LowLevelOps {
             let fi = try given(fi, else: .badHandle)
             guard off >= 0, length > 0 else { throw .invalid }
             try ctx.fs.fallocate(ino, handle: fi.pointee.fh, mode: mode, offset: UInt64(off), length: UInt64(length))
+            // Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves set-id bits to us, and FALLOCATE carries no mark:
+            // a caller other than root (CAP_FSETID, as far as we can tell) clears them, as on ext4.
+            if caller(req).uid != 0, try ctx.fs.clearSetID(ino) { ctx.dropAttributes(ino) }
             replyOK(req)
         }
     }

@@ -39,11 +39,12 @@ struct CopyCommand: ParsableCommand {
         try reportingFailures {
             let src = try ContainerSource.location(source), dst = try ContainerSource.location(destination)
             if case .directory(let a) = src, case .directory(let b) = dst {
-                let (x, y) = (Container.absolutePath(a) + "/", Container.absolutePath(b) + "/")
+                // Paths compared as bytes, as the kernel does (Swift's String equality is canonical equivalence).
+                let (x, y) = (Array((Container.absolutePath(a) + "/").utf8), Array((Container.absolutePath(b) + "/").utf8))
                 if x == y { throw CLIFailure(message: "SRC and DEST are the same place", code: ExitStatus.usage) }
                 // One container's directory inside the other's: the copy would become a stray file of the source
                 // (or, under segments/, something its cleanup would trip on), or be copied into itself.
-                if x.hasPrefix(y) || y.hasPrefix(x) {
+                if x.starts(with: y) || y.starts(with: x) {
                     throw CLIFailure(message: "SRC and DEST must not lie one inside the other", code: ExitStatus.usage)
                 }
             }

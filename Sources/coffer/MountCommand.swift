@@ -410,9 +410,10 @@ enum Mountpoint {
     static func check(_ path: String, allowNonEmpty: Bool) throws {
         var st = stat()
         guard stat(path, &st) == 0 else {
+            let e = errno
             // A FUSE mount whose daemon died (kill -9, a crash) stays in the mount table until unmounted.
-            let hint = errno == ENOTCONN ? " (the filesystem mounted there has ended: fusermount3 -u \(path) first)" : ""
-            throw CLIFailure(message: "mountpoint \(path): \(String(cString: strerror(errno)))\(hint)", code: ExitStatus.badMountpoint)
+            let hint = e == ENOTCONN ? " (the filesystem mounted there has ended: run fusermount3 -u '\(path)' first)" : ""
+            throw CLIFailure(message: "mountpoint \(path): \(String(cString: strerror(e)))\(hint)", code: ExitStatus.badMountpoint)
         }
         guard (st.st_mode & S_IFMT) == S_IFDIR else {
             throw CLIFailure(message: "mountpoint \(path) is not a directory", code: ExitStatus.badMountpoint)

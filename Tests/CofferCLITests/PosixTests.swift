@@ -804,7 +804,7 @@ struct PosixTests {
         let m = sb.mnt
         func mode(_ name: String) -> mode_t? { E2E.statOf(m + "/" + name).map { $0.st_mode & 0o7777 } }
         let asNobody = Self.asNobody
-        for name in ["w", "t", "o", "r", "c", "g"] {
+        for name in ["w", "t", "o", "r", "c", "g", "f"] {
             try E2E.write(m + "/" + name, "0123456789")
             #expect(chmod(m + "/" + name, name == "g" ? 0o2767 : 0o6777) == 0)
         }
@@ -819,6 +819,9 @@ struct PosixTests {
         let o = asNobody("printf y > '\(m)/o'")
         #expect(o.ok, "\(o)")
         #expect(mode("o") == 0o0777, "O_TRUNC open by nobody: \(String(describing: mode("o")))")
+        let f = asNobody("fallocate -l 65536 '\(m)/f'")
+        #expect(f.ok, "\(f)")
+        #expect(mode("f") == 0o0777, "fallocate by nobody: \(String(describing: mode("f")))")
         #expect(E2E.readText(m + "/o") == "y")
         // Set-group-ID without group-execute, written by a member of the group: kept (as on ext4).
         let g = asNobody("printf z >> '\(m)/g'")
@@ -836,7 +839,7 @@ struct PosixTests {
         #expect(mode("c") == 0o0777, "chown by root: \(String(describing: mode("c")))")
 
         try sb.remount(options: options)
-        #expect(mode("w") == 0o0777 && mode("t") == 0o0777 && mode("o") == 0o0777 && mode("c") == 0o0777)
+        #expect(mode("w") == 0o0777 && mode("t") == 0o0777 && mode("o") == 0o0777 && mode("c") == 0o0777 && mode("f") == 0o0777)
         #expect(mode("r") == 0o6777 && mode("g") == 0o2767)
         #expect(E2E.read(m + "/w").map { String(decoding: $0, as: UTF8.self) } == "0123456789x")
         #expect(E2E.read(m + "/t")?.count == 3)
@@ -845,8 +848,9 @@ struct PosixTests {
     /// A set-user-ID program that another user just wrote to has lost the bit for exec too, not only in the
     /// store: the kernel is told at once (it keeps the mode it cached across a write), so the program runs as
     /// the writer, as on ext4 (a mount with `suid`).
-    @Test func aSetUserIDProgramWrittenByAnotherUserRunsAsThatUser() throws {
-        guard let sb = try Self.mountForOtherUsers("setid-exec", options: "allow_other,suid") else { return }
+    @Test(arguments: ["allow_other,suid", "allow_other,suid,no_writeback_cache"])
+    func aSetUserIDProgramWrittenByAnotherUserRunsAsThatUser(options: String) throws {
+        guard let sb = try Self.mountForOtherUsers("setid-exec", options: options) else { return }
         defer { sb.cleanup() }
         let m = sb.mnt
         let copy = E2E.run("/bin/cp", ["/usr/bin/id", m + "/idsu"])

@@ -154,6 +154,21 @@ struct ContentTests {
         #expect(!map.fits(2 * perPage - 1, 2 * perPage), "a write across a listed and an unlisted page")
         let roomy = ChunkMap(file: 1, root: .paged(Array(full.dropLast())))
         #expect(roomy.fits(perPage, perPage), "one page below the limit")
+        #expect(!roomy.fits(perPage, perPage, tail: 3 * perPage), "with a buffered chunk on another new page")
+
+        // Through a write: a file whose map is full takes no chunk on a page it does not list.
+        let f = try Fixture(chunkSize: 4096, engine: .sqlite)
+        defer { f.cleanup() }
+        let ino = try f.file("full")
+        try f.fs.commit()
+        var record = try #require(try f.store.inode(ino))
+        record.chunkMap = .paged(full)
+        try f.store.putInode(ino, record)
+        try f.store.commit()
+        try f.remount()
+        let h = try f.fs.open(ino, flags: O_WRONLY, caller: caller).handle
+        expectError(FSError.fileTooBig) { _ = try f.write(ino, h, at: 4096 * perPage, [1]) }
+        f.fs.release(ino, handle: h)
     }
 
     /// A row copied under an index that reads back as the same integer (5.5 in an INTEGER column) must not
