@@ -297,6 +297,67 @@ struct SegmentTests {
         }
     }
 
+    /// A row whose segment columns were changed to name another file's chunk (they are not sealed): deleting
+    /// it punches nothing a committed row still names, so the other file reads back.
+    @Test func aRowNamingAnotherChunkPunchesNothingOfIt() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let liar = try EntityStore.newContentId(), victim = try EntityStore.newContentId()
+            try store.putTestChunks(file: liar, count: 2, seed: 1, keys: keys)
+            try store.putTestChunks(file: victim, count: 2, seed: 2, keys: keys)
+            try store.commit()
+            store.close()
+            let queue = try DatabaseQueue(path: path)
+            try queue.write { db in
+                try db.execute(
+                    sql: "UPDATE chunks SET off = (SELECT off FROM chunks WHERE file = ? AND idx = 1) WHERE file = ? AND idx = 0",
+                    arguments: [Int64(bitPattern: victim), Int64(bitPattern: liar)])
+            }
+            try queue.close()
+
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            #expect(try reopened.deleteChunks(file: liar) == 2)
+            try reopened.commit()
+            try expectTestChunks(reopened, file: victim, count: 2, seed: 2)
+        }
+    }
+
+    /// The `segments` table damaged (its rows are not sealed): emptied, the stray-file sweep of a mount still
+    /// keeps every segment a chunk row names; a length near 2^63 or NULL in a row neither overflows the live
+    /// counts nor keeps the store from opening, and its delete goes through.
+    @Test func damagedSegmentColumnsCostNoOtherChunk() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let kept = try EntityStore.newContentId(), odd = try EntityStore.newContentId(), null = try EntityStore.newContentId()
+            try store.putTestChunks(file: kept, count: 3, seed: 4, keys: keys)
+            try store.putTestChunks(file: odd, count: 1, seed: 5, keys: keys)
+            try store.putTestChunks(file: null, count: 1, seed: 6, keys: keys)
+            try store.commit()
+            store.close()
+            func edit(_ sql: String, _ arguments: StatementArguments = []) throws {
+                let queue = try DatabaseQueue(path: path)
+                try queue.write { db in try db.execute(sql: sql, arguments: arguments) }
+                try queue.close()
+            }
+            try edit("UPDATE chunks SET len = ? WHERE file = ?", [Int64.max, Int64(bitPattern: odd)])
+            try edit("UPDATE chunks SET len = NULL WHERE file = ?", [Int64(bitPattern: null)])
+            var reopened = try EntityStore.open(at: path, keys: keys)
+            #expect(try reopened.deleteChunks(file: odd) == 1)
+            #expect(try reopened.deleteChunks(file: null) == 1)
+            try reopened.commit()
+            try expectTestChunks(reopened, file: kept, count: 3, seed: 4)
+            reopened.close()
+
+            try edit("DELETE FROM segments")
+            reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            reopened.removeStrayFiles()
+            #expect(segmentFiles(path)["1"] != nil, "the segment the rows name is still there")
+            try expectTestChunks(reopened, file: kept, count: 3, seed: 4)
+        }
+    }
+
     /// A segment's bytes changed, a row pointed at another chunk's bytes or outside its file, a segment
     /// missing: that chunk fails authentication, nothing else is affected.
     @Test func tamperedSegmentsFailAuthentication() throws {

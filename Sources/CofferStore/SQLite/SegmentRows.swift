@@ -32,10 +32,10 @@ extension SQLiteBackend {
         PRAGMA recursive_triggers = ON;
         CREATE TEMP TABLE IF NOT EXISTS freed_chunks(seg INTEGER, off INTEGER, len INTEGER);
         CREATE TEMP TRIGGER IF NOT EXISTS chunk_added AFTER INSERT ON main.chunks WHEN new.seg IS NOT NULL
-        BEGIN UPDATE segments SET live = live + new.len WHERE id = new.seg; END;
+        BEGIN UPDATE segments SET live = live + \(validLength("new.len")) WHERE id = new.seg; END;
         CREATE TEMP TRIGGER IF NOT EXISTS chunk_removed AFTER DELETE ON main.chunks WHEN old.seg IS NOT NULL
         BEGIN
-            UPDATE segments SET live = live - old.len WHERE id = old.seg;
+            UPDATE segments SET live = live - \(validLength("old.len")) WHERE id = old.seg;
             INSERT INTO freed_chunks(seg, off, len) SELECT old.seg, old.off, old.len
                 WHERE old.off >= 0 AND old.len BETWEEN 1 AND \(Segments.maximumLength) AND NOT EXISTS (
                 SELECT 1 FROM freed_chunks WHERE rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off);
@@ -44,6 +44,12 @@ extension SQLiteBackend {
                 AND rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off;
         END;
         """
+
+    /// A row's length as live counts take it: only a length a read accepts (the column is not sealed; a
+    /// damaged one, NULL or near 2^63, must neither overflow a count nor break the constraint on it).
+    static func validLength(_ column: String) -> String {
+        "(CASE WHEN \(column) BETWEEN 1 AND \(Segments.maximumLength) THEN \(column) ELSE 0 END)"
+    }
 
     /// Whether the store's `chunks` table has the segment columns (stores made before 2026-11-27 get
     /// them when first opened for writing).
@@ -78,7 +84,7 @@ extension SQLiteBackend {
             var dead: [Int64] = []
             try db.inTransaction {
                 try db.execute(
-                    sql: "UPDATE segments SET live = coalesce((SELECT sum(len) FROM chunks WHERE seg = segments.id), 0)")
+                    sql: "UPDATE segments SET live = coalesce((SELECT sum(\(Self.validLength("len"))) FROM chunks WHERE seg = segments.id), 0)")
                 dead = try Int64.fetchAll(db, sql: Self.deadSegments, arguments: [Self.noSegment])
                 if !dead.isEmpty { try db.execute(sql: "DELETE FROM segments WHERE id IN (\(dead.map(String.init).joined(separator: ",")))") }
                 return .commit
@@ -90,11 +96,15 @@ extension SQLiteBackend {
         if !dead.isEmpty, (try? syncWAL()) != nil { segments.remove(dead) }
     }
 
-    /// Removes segment files that no row lists (EntityStore.removeStrayFiles says when). On the writer, so
-    /// no segment is being started meanwhile.
+    /// Removes segment files that neither `segments` lists nor any chunk row names (EntityStore.removeStrayFiles
+    /// says when): a damaged `segments` table (its rows are not sealed) must not cost the chunks of a file
+    /// that is still there. On the writer, so no segment is being started meanwhile.
     func removeUnlistedSegments() {
         guard !readOnly, hasSegments else { return }
-        let listed = try? writer { db in Set(try Int64.fetchAll(db, sql: "SELECT id FROM segments")).union(segments.madeInTransaction) }
+        let listed = try? writer { db in
+            Set(try Int64.fetchAll(db, sql: "SELECT id FROM segments UNION SELECT DISTINCT seg FROM chunks WHERE seg IS NOT NULL"))
+                .union(segments.madeInTransaction)
+        }
         guard let listed else { return }
         segments.remove(segments.idsOnDisk().filter { !listed.contains($0) })
     }
@@ -185,10 +195,11 @@ extension SQLiteBackend {
         }
         guard waiting else { return false }
         let synced = (try? syncWAL()) != nil
-        segmentPins.withLock { p in
-            p.durable = synced
-            if synced, p.count == 0 { giveBack(&p) }
-        }
+        giveBack(
+            segmentPins.withLock { p in
+                p.durable = synced
+                return synced && p.count == 0 ? p.takeWaiting() : FreedSegmentSpace()
+            })
         return synced
     }
 
@@ -205,16 +216,47 @@ extension SQLiteBackend {
     func pinSegments() { segmentPins.withLock { $0.count += 1 } }
 
     func unpinSegments() {
-        segmentPins.withLock { p in
-            p.count -= 1
-            if p.count == 0, p.durable { giveBack(&p) }
-        }
+        giveBack(
+            segmentPins.withLock { p in
+                p.count -= 1
+                return p.count == 0 && p.durable ? p.takeWaiting() : FreedSegmentSpace()
+            })
     }
 
-    private func giveBack(_ p: inout SegmentPins) {
-        segments.punch(p.waiting.ranges)
-        segments.remove(p.waiting.segments)
-        p.waiting = FreedSegmentSpace()
+    /// Punches and removes what was taken from the pins (outside their lock: no snapshot older than the
+    /// commits that freed it is left, and a newer one reads none of it).
+    private func giveBack(_ freed: FreedSegmentSpace) {
+        guard !freed.isEmpty else { return }
+        segments.punch(unnamedParts(of: freed.ranges))
+        segments.remove(freed.segments)
+    }
+
+    /// The parts of `ranges` that no committed chunk row names. A range was freed by the rows deleted over
+    /// it, whose segment, offset and length are not sealed: a damaged one may cover another file's chunk,
+    /// which must not be punched out. When the rows cannot be read, nothing is punched (only space is lost).
+    func unnamedParts(of ranges: [(segment: Int64, offset: Int64, length: Int64)]) -> [(segment: Int64, offset: Int64, length: Int64)] {
+        guard !ranges.isEmpty else { return [] }
+        let longest = Int64(Segments.maximumLength)
+        let parts = try? pool.read { db -> [(segment: Int64, offset: Int64, length: Int64)] in
+            let near = try db.cachedStatement(sql: "SELECT off, len FROM chunks WHERE seg = ? AND off > ? AND off < ? ORDER BY off")
+            var out: [(segment: Int64, offset: Int64, length: Int64)] = []
+            for r in ranges {
+                let (end, overflow) = r.offset.addingReportingOverflow(r.length)
+                guard r.offset >= 0, r.length > 0, !overflow else { continue }
+                var start = r.offset
+                let rows = try Row.fetchCursor(near, arguments: [r.segment, r.offset - longest, end])
+                while start < end, let row = try rows.next() {
+                    guard let o = Self.int64(row, 0), let l = Self.int64(row, 1), l > 0, l <= longest else { continue }
+                    let (e, over) = o.addingReportingOverflow(l)
+                    guard !over, e > start else { continue }
+                    if o > start { out.append((r.segment, start, o - start)) }
+                    start = e
+                }
+                if start < end { out.append((r.segment, start, end - start)) }
+            }
+            return out
+        }
+        return parts ?? []
     }
 
     /// Snapshots reading the segments, and the space freed meanwhile (or not yet known to be freed on
@@ -223,6 +265,10 @@ extension SQLiteBackend {
         var count = 0
         var waiting = FreedSegmentSpace()
         var durable = true
+        mutating func takeWaiting() -> FreedSegmentSpace {
+            defer { waiting = FreedSegmentSpace() }
+            return waiting
+        }
     }
 
     /// An integer column of a row that a hostile store may have filled with anything else (GRDB's
