@@ -108,6 +108,9 @@ public final class Container: @unchecked Sendable {
         guard !h.slots.isEmpty else { throw .headerDamaged("no key slots") }
         for slot in h.slots {
             guard let sid = [UInt8](hex: slot.id), sid.count == 8 else { throw .headerDamaged("slot id") }
+            // Checked here rather than found at unlock, where it would read as a wrong password.
+            guard (Data(base64Encoded: slot.kdf.salt)?.count ?? 0) >= 16 else { throw .headerDamaged("kdf salt") }
+            guard Data(base64Encoded: slot.wrappedKey)?.count == AESGCM.overhead + AESGCM.keySize else { throw .headerDamaged("wrapped key") }
             if slot.kind != .recovery {
                 try kdfChoice(slot.kdf).validate()
             } else if slot.kdf.algorithm != "hkdf" {

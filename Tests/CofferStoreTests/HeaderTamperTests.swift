@@ -30,6 +30,26 @@ struct HeaderTamperTests {
         }
     }
 
+    /// A slot's salt or wrapped key that cannot be what it says is damage, said before any secret is
+    /// asked, not a wrong password found after the key derivation.
+    @Test func slotSaltAndWrappedKeyThatCannotBeRight() throws {
+        try withTempDir { dir in
+            let made = try makeContainer(in: dir)
+            let good = try #require(try Container.open(at: made.root).header.slots.first)
+            for salt in ["!!!", "", "AAAA"] {
+                try editHeader(made.root) { $0.slots[0].kdf.salt = salt }
+                expectError(ContainerError.headerDamaged("kdf salt")) { _ = try Container.open(at: made.root) }
+            }
+            try editHeader(made.root) { $0.slots[0].kdf.salt = good.kdf.salt }
+            for wrapped in ["AAAA", "", "not base64"] {
+                try editHeader(made.root) { $0.slots[0].wrappedKey = wrapped }
+                expectError(ContainerError.headerDamaged("wrapped key")) { _ = try Container.open(at: made.root) }
+            }
+            try editHeader(made.root) { $0.slots[0].wrappedKey = good.wrappedKey }
+            _ = try Container.open(at: made.root).unlock(passwordSecret(testPassword))
+        }
+    }
+
     @Test func untouchedRewriteStillOpens() throws {
         // The control for the edits below: rewriting the same header through the same path opens.
         try withTempDir { dir in
@@ -160,13 +180,13 @@ struct HeaderTamperTests {
             expectError(ContainerError.wrongSecret) {
                 _ = try Container.open(at: made.root).unlock(Secret(kind: .keyFile, bytes: secure(testPassword)))
             }
-            // Short salt.
+            // Short salt: damage, said before any secret is used.
             try editHeader(made.root) { h in
                 h = original
                 let i = h.slots.firstIndex { $0.kind == .password }!
                 h.slots[i].kdf.salt = Data([1, 2, 3]).base64EncodedString()
             }
-            expectError(ContainerError.wrongSecret) { _ = try Container.open(at: made.root).unlock(passwordSecret(testPassword)) }
+            expectError(ContainerError.headerDamaged("kdf salt")) { _ = try Container.open(at: made.root) }
             // Back to the original: opens again (the edits above were the only cause).
             try editHeader(made.root) { h in h = original }
             #expect(try Container.open(at: made.root).unlock(passwordSecret(testPassword)).keys.containerId == made.keys.containerId)
