@@ -118,6 +118,12 @@ public final class Container: @unchecked Sendable {
             }
         }
         guard Data(base64Encoded: h.mac)?.count == 32 else { throw .headerDamaged("mac") }
+        // The store lies inside the container: a value that resolves anywhere else is damage (the MAC would
+        // only say so after the secret).
+        let probe = "/container"
+        guard let store = try? ContainerPathTransformer.resolveString(h.store, root: probe), store.hasPrefix(probe + "/") else {
+            throw .headerDamaged("store path")
+        }
     }
 
     static func kdfChoice(_ k: KDFParameters) throws(ContainerError) -> KDFChoice {
