@@ -44,6 +44,9 @@ final class ChunkMap {
     /// `tail`: the position of a buffered chunk not recorded yet (its page may have left the cache).
     func fits(_ first: UInt64, _ last: UInt64, tail: UInt64? = nil) -> Bool {
         guard last >= first else { return true }
+        // Every write asks: far from the limit (always, but for a file of terabytes) nothing is counted.
+        let span = last / Self.perPage - first / Self.perPage + 2  // the range's pages and the tail's
+        if span < UInt64(ChunkMapRoot.maxPages), storedPages.count + pages.count + Int(span) <= ChunkMapRoot.maxPages { return true }
         let touched = Set(first / Self.perPage...last / Self.perPage).union(tail.map { [$0 / Self.perPage] } ?? [])
         let new = touched.filter { storedPages[$0] == nil && pages[$0] == nil }
         return new.isEmpty || storedPages.count + pages.count + new.count <= ChunkMapRoot.maxPages

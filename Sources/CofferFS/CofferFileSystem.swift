@@ -121,8 +121,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         store.onForeignInodes = handler
     }
 
-    public func kernelNames(_ inodes: [InodeNumber]) -> [(ino: InodeNumber, parent: InodeNumber, name: [UInt8])] {
-        meta.withLock { inodes.compactMap { ino in self.inodes[ino]?.location.map { (ino, $0.parent, $0.name) } } }
+    public func kernelNames(_ inodes: [InodeNumber]) -> [(parent: InodeNumber, name: [UInt8])] {
+        meta.withLock { inodes.compactMap { self.inodes[$0]?.location } }
     }
 
     /// Starts the background group committer (the mount does; unit tests may commit by hand).

@@ -108,12 +108,12 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// cached of them. A filesystem alone on its store never calls it.
     func onChangedElsewhere(_ handler: @escaping @Sendable ([InodeNumber]) -> Void)
     /// The directory and name the kernel last found each of `inodes` by, for those it may still hold.
-    func kernelNames(_ inodes: [InodeNumber]) -> [(ino: InodeNumber, parent: InodeNumber, name: [UInt8])]
+    func kernelNames(_ inodes: [InodeNumber]) -> [(parent: InodeNumber, name: [UInt8])]
 }
 
 extension FileSystemOperations {
     public func onChangedElsewhere(_ handler: @escaping @Sendable ([InodeNumber]) -> Void) {}
-    public func kernelNames(_ inodes: [InodeNumber]) -> [(ino: InodeNumber, parent: InodeNumber, name: [UInt8])] { [] }
+    public func kernelNames(_ inodes: [InodeNumber]) -> [(parent: InodeNumber, name: [UInt8])] { [] }
     public var opensWithoutHandles: Bool { false }
     public var sharesLocks: Bool { false }
     public func testLock(_ ino: InodeNumber, owner: UInt64, lock: FileLock) throws(FSError) -> FileLock? { throw FSError(ENOSYS) }

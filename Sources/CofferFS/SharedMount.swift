@@ -45,7 +45,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     public var cacheTimeouts: CacheTimeouts { CacheTimeouts(entry: 1, attributes: 1, negativeEntry: 0) }
     public func onChangedElsewhere(_ handler: @escaping @Sendable ([InodeNumber]) -> Void) { fs.onChangedElsewhere(handler) }
-    public func kernelNames(_ inodes: [InodeNumber]) -> [(ino: InodeNumber, parent: InodeNumber, name: [UInt8])] { fs.kernelNames(inodes) }
+    public func kernelNames(_ inodes: [InodeNumber]) -> [(parent: InodeNumber, name: [UInt8])] { fs.kernelNames(inodes) }
     public var isReadOnly: Bool { fs.isReadOnly }
     /// OPEN must reach us (close-to-open), and the kernel must not keep listings (opendir answered).
     public var opensWithoutHandles: Bool { false }

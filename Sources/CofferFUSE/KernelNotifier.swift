@@ -34,7 +34,7 @@ final class KernelNotifier: Sendable {
         // The pointer is used outside the lock (a call may wait in the kernel); `stop` waits for it.
         guard let se = session.withLock({ $0?.pointer }) else { return }
         for ino in inodes { _ = fuse_lowlevel_notify_inval_inode(se, ino, -1, 0) }
-        for (_, parent, name) in fs.kernelNames(inodes) {
+        for (parent, name) in fs.kernelNames(inodes) {
             _ = name.withUnsafeBufferPointer { n in
                 n.withMemoryRebound(to: CChar.self) { fuse_lowlevel_notify_inval_entry(se, parent, $0.baseAddress, n.count) }
             }

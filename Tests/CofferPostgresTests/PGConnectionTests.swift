@@ -58,6 +58,9 @@ import Testing
         #expect(pgError { _ = try r.int64(1, 1) }?.kind == .usage)
         #expect(pgError { _ = try r.int64(0, 2) }?.kind == .usage)
         #expect(pgError { _ = try r.int64(-1, 0) }?.kind == .usage)
+        // A count a hostile server sends is clamped: never negative, never big enough to overflow a sum.
+        let counts = try c.execute("SELECT -5::int8, 9223372036854775807::int8, 12::int8, NULL::int8")
+        #expect(try (0..<4).map { try counts.count(0, $0) } == [0, 1 << 48, 12, 0])
     }
 
     /// Statements queued ahead go in the round trip of the next call, before its own statement; only

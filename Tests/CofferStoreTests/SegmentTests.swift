@@ -251,9 +251,7 @@ struct SegmentTests {
             h.write(Data(repeating: 2, count: 200_000))
             try h.close()
             // A wrong live count (bookkeeping, mended from the rows).
-            let queue = try DatabaseQueue(path: path)
-            try queue.write { db in try db.execute(sql: "UPDATE segments SET live = 0") }
-            try queue.close()
+            try editStoreFile(path, "UPDATE segments SET live = 0")
 
             let reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
@@ -284,9 +282,7 @@ struct SegmentTests {
             try store.putTestChunks(file: after, count: 3, seed: 3, keys: keys)
             try store.commit()
             store.close()
-            let queue = try DatabaseQueue(path: path)
-            try queue.write { db in try db.execute(sql: "UPDATE chunks SET len = ? WHERE file = ?", arguments: [40 << 20, Int64(victim)]) }
-            try queue.close()
+            try editStoreFile(path, "UPDATE chunks SET len = ? WHERE file = ?", [40 << 20, Int64(victim)])
 
             let reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
@@ -307,13 +303,9 @@ struct SegmentTests {
             try store.putTestChunks(file: victim, count: 2, seed: 2, keys: keys)
             try store.commit()
             store.close()
-            let queue = try DatabaseQueue(path: path)
-            try queue.write { db in
-                try db.execute(
-                    sql: "UPDATE chunks SET off = (SELECT off FROM chunks WHERE file = ? AND idx = 1) WHERE file = ? AND idx = 0",
-                    arguments: [Int64(bitPattern: victim), Int64(bitPattern: liar)])
-            }
-            try queue.close()
+            try editStoreFile(
+                path, "UPDATE chunks SET off = (SELECT off FROM chunks WHERE file = ? AND idx = 1) WHERE file = ? AND idx = 0",
+                [Int64(bitPattern: victim), Int64(bitPattern: liar)])
 
             let reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
@@ -335,13 +327,8 @@ struct SegmentTests {
             try store.putTestChunks(file: null, count: 1, seed: 6, keys: keys)
             try store.commit()
             store.close()
-            func edit(_ sql: String, _ arguments: StatementArguments = []) throws {
-                let queue = try DatabaseQueue(path: path)
-                try queue.write { db in try db.execute(sql: sql, arguments: arguments) }
-                try queue.close()
-            }
-            try edit("UPDATE chunks SET len = ? WHERE file = ?", [Int64.max, Int64(bitPattern: odd)])
-            try edit("UPDATE chunks SET len = NULL WHERE file = ?", [Int64(bitPattern: null)])
+            try editStoreFile(path, "UPDATE chunks SET len = ? WHERE file = ?", [Int64.max, Int64(bitPattern: odd)])
+            try editStoreFile(path, "UPDATE chunks SET len = NULL WHERE file = ?", [Int64(bitPattern: null)])
             var reopened = try EntityStore.open(at: path, keys: keys)
             #expect(try reopened.deleteChunks(file: odd) == 1)
             #expect(try reopened.deleteChunks(file: null) == 1)
@@ -349,7 +336,7 @@ struct SegmentTests {
             try expectTestChunks(reopened, file: kept, count: 3, seed: 4)
             reopened.close()
 
-            try edit("DELETE FROM segments")
+            try editStoreFile(path, "DELETE FROM segments")
             reopened = try EntityStore.open(at: path, keys: keys)
             defer { reopened.close() }
             reopened.removeStrayFiles()

@@ -1,5 +1,6 @@
 import CofferCrypto
 import Foundation
+import GRDB
 import Glibc
 import CofferTestSupport
 import Testing
@@ -160,4 +161,11 @@ func expectAuthFailure<T>(
 func makeStore(_ engine: StoreEngine, in dir: String) throws -> (store: EntityStore, keys: ContainerKeys, made: TestStore) {
     let made = try TestStore.create(engine, in: dir)
     return (try made.open(), made.keys, made)
+}
+
+/// Runs `sql` on the closed SQLite store at `path` behind its back, as damage or an attacker would.
+func editStoreFile(_ path: String, _ sql: String, _ arguments: StatementArguments = []) throws {
+    let queue = try DatabaseQueue(path: path)
+    try queue.write { db in try db.execute(sql: sql, arguments: arguments) }
+    try queue.close()
 }

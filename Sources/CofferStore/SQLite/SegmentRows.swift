@@ -37,11 +37,10 @@ extension SQLiteBackend {
         BEGIN
             UPDATE segments SET live = live - \(validLength("old.len")) WHERE id = old.seg;
             INSERT INTO freed_chunks(seg, off, len) SELECT old.seg, old.off, old.len
-                WHERE old.off >= 0 AND old.len BETWEEN 1 AND \(Segments.maximumLength) AND NOT EXISTS (
+                WHERE \(accepted("old")) AND NOT EXISTS (
                 SELECT 1 FROM freed_chunks WHERE rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off);
             UPDATE freed_chunks SET len = len + old.len
-                WHERE old.off >= 0 AND old.len BETWEEN 1 AND \(Segments.maximumLength)
-                AND rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off;
+                WHERE \(accepted("old")) AND rowid = (SELECT max(rowid) FROM freed_chunks) AND seg = old.seg AND off + len = old.off;
         END;
         """
 
@@ -50,6 +49,9 @@ extension SQLiteBackend {
     static func validLength(_ column: String) -> String {
         "(CASE WHEN \(column) BETWEEN 1 AND \(Segments.maximumLength) THEN \(column) ELSE 0 END)"
     }
+
+    /// Whether `row`'s segment columns name bytes a read would accept (offset ≥ 0, length 1 B to 4 MiB).
+    static func accepted(_ row: String) -> String { "\(row).off >= 0 AND \(row).len BETWEEN 1 AND \(Segments.maximumLength)" }
 
     /// Whether the store's `chunks` table has the segment columns (stores made before 2026-11-27 get
     /// them when first opened for writing).
