@@ -40,11 +40,36 @@ public final class Checker {
     }
 
     public func run() throws -> CheckResult {
+        let below = try storeFileProblems()
+        do { return try checkRows(below) } catch let error where below.contains(where: { $0.kind == .storeFileDamaged }) {
+            // The damage SQLite found stops the reading of rows: that is the finding.
+            let stop = Problem(.storeFileDamaged, "reading the rows stopped at the damage: \(error)", repair: Self.pageRepair)
+            return CheckResult(problems: below + [stop], counts: CheckCounts(), plan: RepairPlan())
+        }
+    }
+
+    static let pageRepair = "none: SQLite cannot mend a damaged page; restore a backup (coffer copy), or copy out the files that still read"
+
+    /// Below the sealed rows: the store file itself.
+    func storeFileProblems() throws -> [Problem] {
+        var problems: [Problem] = []
+        for o in try store.backend.foreignObjects() {
+            let runs = o.type == "trigger" ? " (it runs its own SQL on Coffer's writes)" : ""
+            problems.append(Problem(.foreignSchemaObject, "\(o) in the store file, which Coffer never makes\(runs)", repair: "drop it"))
+        }
+        for line in try store.backend.fileCheck(limit: 20) {
+            problems.append(Problem(.storeFileDamaged, "SQLite's check: \(line)", repair: Self.pageRepair))
+        }
+        return problems
+    }
+
+    /// Every sealed row, then the tree; `found` are the problems found below the rows.
+    func checkRows(_ found: [Problem]) throws -> CheckResult {
         let c = try store.counts()
         total = c.inodes + c.entries + Self.chunkWeight * c.chunks + c.xattrs + c.chunkMapPages
         done = 0
         progress?(0, total)
-        var problems: [Problem] = []
+        var problems = found
         var plan = RepairPlan()
         var counts = CheckCounts()
 

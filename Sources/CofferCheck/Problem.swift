@@ -46,6 +46,10 @@ public enum ProblemKind: String, Sendable, CaseIterable {
     case xattrDamaged = "xattr-damaged"
     /// Extended attributes of an inode that does not exist.
     case unreferencedXattr = "unreferenced-xattr"
+    /// A trigger, view, index or table in the store file that Coffer never makes (a trigger runs on every write).
+    case foreignSchemaObject = "foreign-schema-object"
+    /// The engine's own check of its file fails (SQLite's quick_check: a damaged page).
+    case storeFileDamaged = "store-file-damaged"
 }
 
 /// One problem: its kind, where (a path when the tree gives one, else the inode number), what was
@@ -76,6 +80,9 @@ public struct Problem: Sendable, CustomStringConvertible {
     }
 
     public var description: String { "\(kind.rawValue): \(location): \(detail)" }
+
+    /// Whether `--repair` does anything about it (a damaged page of the store file it cannot mend).
+    public var isRepairable: Bool { kind != .storeFileDamaged }
 }
 
 /// Bytes of a file that a repair turned into zeros because their chunks were missing or damaged.

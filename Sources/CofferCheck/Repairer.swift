@@ -19,6 +19,10 @@ public enum Repairer {
         var extraLinks: [UInt64: UInt32] = [:]
         var links = plan.links
 
+        // Done when the store was opened for the repair (ForeignObjectPolicy.repair), before anything was written.
+        let foreign = result.problems.filter { $0.kind == .foreignSchemaObject }.count
+        if foreign > 0 { summary.actions.append("dropped \(foreign) object(s) Coffer never makes from the store file's schema") }
+
         for e in plan.deleteEntries { try store.backend.deleteEntry(parentTag: e.parentTag, tag: e.tag) }
         if !plan.deleteEntries.isEmpty {
             summary.actions.append("dropped \(plan.deleteEntries.count) directory entr\(plan.deleteEntries.count == 1 ? "y" : "ies")")

@@ -56,10 +56,10 @@ public final class Container: @unchecked Sendable {
     /// schema's tables. `reconnectWait`: how long a PostgreSQL store waits for a lost server.
     public func openStore(
         keys: ContainerKeys, registry: TransformerRegistry = .standard, readOnly: Bool = false,
-        reconnectWait: Double = 30, leaseHolder: String? = nil
+        reconnectWait: Double = 30, leaseHolder: String? = nil, foreign: ForeignObjectPolicy = .refuse
     ) throws -> EntityStore {
         switch location {
-        case .directory: return try EntityStore.open(at: try storePath(), keys: keys, registry: registry, readOnly: readOnly)
+        case .directory: return try EntityStore.open(at: try storePath(), keys: keys, registry: registry, readOnly: readOnly, foreign: foreign)
         case .postgres(let p):
             let backend = try PostgresBackend.open(p, readOnly: readOnly, reconnectWait: reconnectWait)
             backend.fenceHolder = leaseHolder

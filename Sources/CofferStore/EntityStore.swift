@@ -115,9 +115,9 @@ public final class EntityStore: @unchecked Sendable {
     /// Opens the embedded engine's store file (SQLite) and the sealed store over it.
     public static func open(
         at path: String, keys: ContainerKeys, registry: TransformerRegistry = .standard,
-        readOnly: Bool = false
+        readOnly: Bool = false, foreign: ForeignObjectPolicy = .refuse
     ) throws(StoreError) -> EntityStore {
-        try open(try SQLiteBackend.open(at: path, readOnly: readOnly), keys: keys, registry: registry)
+        try open(try SQLiteBackend.open(at: path, readOnly: readOnly, foreign: foreign), keys: keys, registry: registry)
     }
 
     private func checkSchema(registry: TransformerRegistry) throws(StoreError) {

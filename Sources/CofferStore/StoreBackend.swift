@@ -131,6 +131,20 @@ public protocol StoreBackend: AnyObject, Sendable {
     /// Writes the progress record in the open group transaction, so it commits with the rows it
     /// counts; nil removes it (with its table).
     func setCopyProgress(_ progress: [UInt8]?) throws(StoreError)
+
+    // MARK: Below the sealed rows (`coffer fsck`)
+
+    /// Schema objects Coffer never makes (ForeignObjects.swift).
+    func foreignObjects() throws(StoreError) -> [SchemaObject]
+    /// The engine's own check of its files: its first `limit` complaints, empty when sound.
+    func fileCheck(limit: Int) throws(StoreError) -> [String]
+}
+
+/// A PostgreSQL server keeps its own files and schema: a hostile one can do anything a trigger could,
+/// and what it serves is checked row by row above this seam.
+extension StoreBackend {
+    public func foreignObjects() throws(StoreError) -> [SchemaObject] { [] }
+    public func fileCheck(limit: Int) throws(StoreError) -> [String] { [] }
 }
 
 /// What a store declares about itself (the schema rows every engine keeps).

@@ -33,7 +33,8 @@ public final class CopySource {
             guard let header = FileManager.default.contents(atPath: c.headerPath) else {
                 throw ContainerError.unreadable(path, ContainerHeader.fileName)
             }
-            let backend = try SQLiteBackend.open(at: try c.storePath(), readOnly: true)
+            // A copy takes only Coffer's tables: it is also how to get a clean store out of an edited one.
+            let backend = try SQLiteBackend.open(at: try c.storePath(), readOnly: true, foreign: .tolerate)
             return try opened([UInt8](header), backend)
         case .postgres(let p):
             let backend = try PostgresBackend.open(p, readOnly: true)
@@ -54,7 +55,7 @@ public final class CopySource {
         guard let header = FileManager.default.contents(atPath: c.headerPath) else {
             throw ContainerError.unreadable(path, ContainerHeader.fileName)
         }
-        return try opened([UInt8](header), try SQLiteBackend.open(at: store, readOnly: true))
+        return try opened([UInt8](header), try SQLiteBackend.open(at: store, readOnly: true, foreign: .tolerate))
     }
 
     private static func opened(_ header: [UInt8], _ backend: SQLiteBackend) throws -> CopySource {

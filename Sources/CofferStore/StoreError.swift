@@ -8,6 +8,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case unknownTransformer(kind: String, transformer: String)
     case missingKind(String)
     case notAStore(String)
+    /// The store file's schema has objects Coffer never makes (ForeignObjects.swift), named here.
+    case foreignObjects(String)
     case wrongContainer
     case database(String)
     /// Sealing or deriving a key failed (the crypto library refused): nothing was written.
@@ -34,6 +36,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
             return "store names transformer \"\(t)\" for \(kind), which this coffer does not have (refusing to open)"
         case .missingKind(let k): return "store does not declare entity kind \"\(k)\" (refusing to open)"
         case .notAStore(let why): return "not a Coffer entity store: \(why)"
+        case .foreignObjects(let names):
+            return "the store file holds \(names), which Coffer never makes (edited or hostile): `coffer fsck --repair` removes it (refusing to open)"
         case .wrongContainer: return "the entity store belongs to another container (refusing to open)"
         case .database(let why): return "store database error: \(why)"
         case .sealingFailed(let why): return "sealing failed: \(why)"

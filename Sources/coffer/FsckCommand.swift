@@ -89,6 +89,10 @@ struct FsckCommand: ParsableCommand {
         if !json { printProblems(result, heading: "coffer fsck \(c.root)") }
         if result.isClean { return Status.clean }
         guard repair else { return Status.unrepaired }
+        guard result.problems.contains(where: \.isRepairable) else {
+            printErr("coffer fsck: not repairing: nothing found here can be repaired; nothing was changed")
+            return Status.unrepaired
+        }
         if !yes {
             guard isatty(STDIN_FILENO) != 0 else {
                 printErr("coffer fsck: not repairing: there is no terminal to confirm on; pass --yes to repair without asking")
@@ -100,7 +104,7 @@ struct FsckCommand: ParsableCommand {
             }
         }
         do {
-            let store = try c.openStore(keys: keys, readOnly: false, leaseHolder: leaseHolder)
+            let store = try c.openStore(keys: keys, readOnly: false, leaseHolder: leaseHolder, foreign: .repair)
             defer { store.close() }
             report.summary = try Repairer.repair(result, store: store)
         } catch { return fail("repair failed, nothing was changed: \(CLIFailure.from(error).message)", &report) }
@@ -120,7 +124,7 @@ struct FsckCommand: ParsableCommand {
 
     private func check(_ c: Container, keys: ContainerKeys) throws -> CheckResult {
         let chunkSize = c.header.chunkSize
-        let store = try c.openStore(keys: keys, readOnly: true)
+        let store = try c.openStore(keys: keys, readOnly: true, foreign: .tolerate)
         defer { store.close() }
         let bar = ProgressBar("checking")
         defer { bar.finish() }

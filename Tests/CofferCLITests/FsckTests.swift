@@ -192,6 +192,69 @@ struct FsckTests {
         #expect(help.stdout.contains("32  cancelled by the user"), "--help documents the exit statuses: \(help)")
     }
 
+    /// SQL someone added to the store file: a trigger that would run on every write the mount makes (this
+    /// one empties the file's content), a view, a table and its index. The mount refuses the store before
+    /// writing anything; fsck names each object and its repair drops them, and the files are all there.
+    @Test func objectsCofferNeverMakesAreRefusedByTheMountAndDroppedByTheRepair() throws {
+        let (sb, big, small) = try Self.filled("fsckforeign")
+        defer { sb.cleanup() }
+        let sql = """
+            CREATE TRIGGER evil AFTER INSERT ON inodes BEGIN DELETE FROM chunks; END;
+            CREATE VIEW peek AS SELECT id FROM inodes;
+            CREATE TABLE extra(x); CREATE INDEX extra_x ON extra(x);
+            """
+        let edit = E2E.run("/usr/bin/env", ["sqlite3", sb.container + "/store.db", sql])
+        try #require(edit.ok, "\(edit)")
+        let before = try Self.dump(sb)
+
+        let m = sb.mount()
+        #expect(m.status == 13, "\(m)")
+        #expect(m.stderr.contains("trigger \"evil\"") && m.stderr.contains("fsck --repair"), "\(m)")
+        #expect(try Self.dump(sb) == before, "the refused mount wrote nothing")
+
+        let found = fsck(sb)
+        #expect(found.status == 4, "\(found)")
+        for name in ["trigger \"evil\"", "view \"peek\"", "table \"extra\"", "index \"extra_x\""] {
+            #expect(found.stdout.contains("foreign-schema-object: store: \(name)"), "\(name): \(found)")
+        }
+        let repair = fsck(sb, ["--repair", "--yes"])
+        #expect(repair.status == 1, "\(repair)")
+        let objects = E2E.run("/usr/bin/env", ["sqlite3", "-readonly", sb.container + "/store.db", "SELECT name FROM sqlite_master"])
+        #expect(objects.ok && !["evil", "peek", "extra"].contains { objects.stdout.contains($0) }, "\(objects)")
+
+        try #require(sb.mount().ok)
+        try E2E.write(sb.mnt + "/new.txt", "written after the repair")
+        #expect(E2E.read(sb.mnt + "/docs/big.bin") == big && E2E.read(sb.mnt + "/small.bin") == small, "every file reads back")
+        #expect(sb.unmount().ok)
+    }
+
+    /// A zeroed page of the chunks' index: the rows all open, so only SQLite's own check finds it. fsck says
+    /// so (status 4), and its repair, which cannot mend a page, says so and changes nothing.
+    @Test func aDamagedPageOfTheStoreFileIsReported() throws {
+        let (sb, _, _) = try Self.filled("fsckpage")
+        defer { sb.cleanup() }
+        let store = sb.container + "/store.db"
+        let q = E2E.run(
+            "/usr/bin/env",
+            ["sqlite3", "-readonly", store, "SELECT rootpage FROM sqlite_master WHERE name = 'sqlite_autoindex_chunks_1'; PRAGMA page_size;"])
+        let numbers = q.stdout.split(separator: "\n").compactMap { Int($0) }
+        try #require(q.ok && numbers.count == 2, "\(q)")
+        let (page, size) = (numbers[0], numbers[1])
+        let fd = open(store, O_WRONLY)
+        try #require(fd >= 0)
+        let zeros = [UInt8](repeating: 0, count: size)
+        #expect(pwrite(fd, zeros, size, off_t((page - 1) * size)) == size)
+        close(fd)
+
+        let before = E2E.read(store)
+        let found = fsck(sb)
+        #expect(found.status == 4, "\(found)")
+        #expect(found.stdout.contains("store-file-damaged: store: SQLite's check: Page \(page):"), "\(found)")
+        let repair = fsck(sb, ["--repair", "--yes"])
+        #expect(repair.status == 4 && repair.stderr.contains("nothing found here can be repaired"), "\(repair)")
+        #expect(E2E.read(store) == before, "the repair changed nothing")
+    }
+
     @Test func missingContainerIsAnOperationalError() throws {
         let r = E2E.coffer(["fsck", "/nonexistent/coffer-fsck-test", "--passfile", "/dev/null"])
         #expect(r.status == 8, "\(r)")

@@ -79,6 +79,8 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     /// and stores made before segments hold it, raise it).
     var segmentThreshold = Segments.minimumLength
     let segmentPins = Mutex(SegmentPins())
+    /// What `open` was told to do about schema objects Coffer never makes.
+    private(set) var foreignPolicy = ForeignObjectPolicy.refuse
 
     private init(path: String, pool: DatabasePool, readOnly: Bool, location: String? = nil) {
         self.path = path
@@ -171,8 +173,11 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         } catch { throw StoreError.sqlite(error) }
     }
 
-    /// Opens an existing store file; read-only from a directory that cannot be written too.
-    public static func open(at path: String, readOnly: Bool = false) throws(StoreError) -> SQLiteBackend {
+    /// Opens an existing store file; read-only from a directory that cannot be written too. Objects in its
+    /// schema that Coffer never makes are refused unless `foreign` says otherwise (ForeignObjects.swift).
+    public static func open(at path: String, readOnly: Bool = false, foreign: ForeignObjectPolicy = .refuse) throws(StoreError)
+        -> SQLiteBackend
+    {
         guard FileManager.default.fileExists(atPath: path) else { throw .notAStore("\(path) is missing") }
         let location = readOnly ? try readOnlyLocation(path) : path
         if !readOnly { _ = exclusiveByDefault }
@@ -181,6 +186,14 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
             throw .notAStore("\(error)")
         }
         let backend = SQLiteBackend(path: path, pool: pool, readOnly: readOnly, location: location)
+        backend.foreignPolicy = foreign
+        do {
+            // Before anything is written: a trigger would run on Coffer's first write.
+            if foreign == .refuse { try backend.refuseForeignObjects() }
+        } catch {
+            backend.close()
+            throw error
+        }
         backend.hasSegments = (try? pool.unsafeRead { try hasSegmentColumns($0) }) ?? false
         return backend
     }
@@ -193,6 +206,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
             try Self.configureWriter(pool)
             try readSettings()
         } catch { throw .notAStore("\(error)") }
+        if foreignPolicy == .repair { try removeForeignObjects() }
         Self.keepSharedMemoryFile(path)
         checkpointer = Checkpointer(path: path)
         reserve = SpaceReserve(directory: (path as NSString).deletingLastPathComponent)

@@ -1,0 +1,86 @@
+import GRDB
+
+/// What to do about schema objects in a store file that Coffer never makes (a trigger, a view, an
+/// index or a table someone added with sqlite3). A trigger runs its own SQL on every write Coffer
+/// makes; the rest is inert but says the file was edited (docs/FORMAT.md "Schema").
+public enum ForeignObjectPolicy: Sendable {
+    /// Opening fails (store damaged): mounts and every other command.
+    case refuse
+    /// Opened as it is (fsck's check lists them; a copy reads only Coffer's tables).
+    case tolerate
+    /// fsck's repair, once confirmed: dropped when the store is set up for writing, before anything
+    /// else is written, in a transaction of their own.
+    case repair
+}
+
+/// One object of a store file's schema (`sqlite_master`).
+public struct SchemaObject: Sendable, Equatable, CustomStringConvertible {
+    public let type: String
+    public let name: String
+    public var description: String { "\(type) \"\(name)\"" }
+}
+
+extension SQLiteBackend {
+    /// Every table Coffer makes (docs/FORMAT.md): `segments` since segment files, `coffer_copy` while a copy is unfinished.
+    static let ownTables: Set<String> = [
+        "coffer_meta", "coffer_kinds", "inodes", "dirents", "chunks", "xattrs", "orphans", "chunkmaps", "segments", "coffer_copy"
+    ]
+    static let ownIndexes: Set<String> = ["chunks_by_segment"]
+
+    /// Schema objects Coffer does not make. SQLite's own (`sqlite_*`: automatic indexes of the primary
+    /// keys, statistics tables) are its own business. Our triggers are TEMP: none lives in the file.
+    static func foreignObjects(_ db: Database) throws -> [SchemaObject] {
+        try Row.fetchAll(db, sql: "SELECT type, name, tbl_name FROM main.sqlite_master").compactMap { row in
+            let type = (row[0] as String?) ?? "?"
+            let name = (row[1] as String?) ?? "?"
+            let table = (row[2] as String?) ?? "?"
+            switch type {
+            case "table" where ownTables.contains(name) || name.hasPrefix("sqlite_"): return nil
+            case "index" where ownTables.contains(table) && (ownIndexes.contains(name) || name.hasPrefix("sqlite_autoindex_")): return nil
+            default: return SchemaObject(type: type, name: name)
+            }
+        }
+    }
+
+    public func foreignObjects() throws(StoreError) -> [SchemaObject] {
+        do { return try pool.unsafeRead { try Self.foreignObjects($0) } } catch { throw .notAStore("cannot read the schema: \(error)") }
+    }
+
+    /// Refuses a store with foreign objects, naming them.
+    func refuseForeignObjects() throws(StoreError) {
+        let found = try foreignObjects()
+        guard !found.isEmpty else { return }
+        let names = found.prefix(5).map(\.description).joined(separator: ", ") + (found.count > 5 ? " and \(found.count - 5) more" : "")
+        throw .foreignObjects(names)
+    }
+
+    /// Drops every foreign object in one transaction (dropping fires no trigger). A trigger or index on a foreign
+    /// table goes with the table: what is already gone is skipped.
+    func removeForeignObjects() throws(StoreError) {
+        do {
+            try pool.writeWithoutTransaction { db in
+                try db.inTransaction {
+                    for o in try Self.foreignObjects(db)
+                    where try Bool.fetchOne(db, sql: "SELECT 1 FROM main.sqlite_master WHERE name = ?", arguments: [o.name]) == true {
+                        let kind = ["trigger": "TRIGGER", "view": "VIEW", "index": "INDEX", "table": "TABLE"][o.type]
+                        guard let kind else { continue }
+                        try db.execute(sql: "DROP \(kind) IF EXISTS main.\(o.name.quotedDatabaseIdentifier)")
+                    }
+                    return .commit
+                }
+            }
+        } catch { throw .database("cannot drop the objects Coffer never makes: \(error)") }
+    }
+
+    /// SQLite's structural check of the file (`PRAGMA quick_check`: every page's b-tree structure, not
+    /// whether each index agrees with its table). Its first `limit` complaints; empty when sound. SQLite
+    /// cannot mend a damaged page (REINDEX and VACUUM stop at it): fsck reports it and leaves it.
+    public func fileCheck(limit: Int = 20) throws(StoreError) -> [String] {
+        do {
+            let lines = try pool.unsafeRead { db in try String.fetchAll(db, sql: "PRAGMA main.quick_check(\(limit))") }
+            guard lines != ["ok"] else { return [] }
+            // A complaint may span lines; the first names the schema ("*** in database main ***").
+            return lines.flatMap { $0.split(separator: "\n").map(String.init) }.filter { !$0.hasPrefix("*** ") }
+        } catch { return ["quick_check failed: \(error)"] }
+    }
+}
