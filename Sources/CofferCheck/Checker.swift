@@ -57,6 +57,12 @@ public final class Checker {
             let runs = o.type == "trigger" ? " (it runs its own SQL on Coffer's writes)" : ""
             problems.append(Problem(.foreignSchemaObject, "\(o) in the store file, which Coffer never makes\(runs)", repair: "drop it"))
         }
+        for (table, n) in try store.backend.mistypedRows() {
+            problems.append(
+                Problem(
+                    .mistypedRow, "\(n) row(s) of \(table) with a key or value of another type than Coffer writes",
+                    repair: "give them back their type where the bytes allow, else drop them"))
+        }
         for line in try store.backend.fileCheck(limit: 20) {
             problems.append(Problem(.storeFileDamaged, "SQLite's check: \(line)", repair: Self.pageRepair))
         }
@@ -235,7 +241,7 @@ public final class Checker {
             problems.append(
                 Problem(
                     .unreferencedXattr, inode: ino, "\(n) extended attribute(s) of an inode that does not exist",
-                    repair: "drop them"))
+                    repair: "give them back their type where the bytes allow, else drop them"))
         }
 
         // Content: every regular file's map and chunks; then rows of no file.
@@ -275,7 +281,7 @@ public final class Checker {
                 Problem(
                     .unreferencedContent,
                     "\(n.chunks) chunk row(s) and \(n.pages) map page(s) of content id \(String(file, radix: 16)) belong to no inode",
-                    repair: "drop them"))
+                    repair: "give them back their type where the bytes allow, else drop them"))
         }
         progress?(total, total)
         return CheckResult(problems: problems, counts: counts, plan: plan)

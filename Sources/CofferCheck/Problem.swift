@@ -48,6 +48,8 @@ public enum ProblemKind: String, Sendable, CaseIterable {
     case unreferencedXattr = "unreferenced-xattr"
     /// A trigger, view, index or table in the store file that Coffer never makes (a trigger runs on every write).
     case foreignSchemaObject = "foreign-schema-object"
+    /// Rows with a key or value of another type than Coffer writes (SQLite keeps any type): no lookup finds them.
+    case mistypedRow = "mistyped-row"
     /// The engine's own check of its file fails (SQLite's quick_check: a damaged page).
     case storeFileDamaged = "store-file-damaged"
 }

@@ -11,6 +11,29 @@ public struct RepairSummary: Sendable {
 /// a repair interrupted by a crash leaves the container as it was. Never deletes what still opens
 /// except rows the authenticated maps and tree say are not part of any file.
 public enum Repairer {
+    /// Repairs, checks again, and repairs again while problems it can repair are left, `passes` repairs at most: a
+    /// repair can bring out what the check before it could not see (the chunk of a mistyped row it dropped is then
+    /// missing; an entry dropped with its damaged inode leaves a count to fix). `open` opens the store for one repair.
+    public static func repairInPasses(
+        _ first: CheckResult, passes: Int = 3, open: () throws -> EntityStore, check: () throws -> CheckResult
+    ) throws -> (summary: RepairSummary, remaining: CheckResult) {
+        var summary = RepairSummary()
+        var result = first
+        for _ in 0..<passes {
+            let store = try open()
+            let pass: RepairSummary
+            do {
+                defer { store.close() }
+                pass = try repair(result, store: store)
+            }
+            summary.actions += pass.actions
+            summary.lostRanges += pass.lostRanges
+            result = try check()
+            if !result.problems.contains(where: \.isRepairable) { break }
+        }
+        return (summary, result)
+    }
+
     public static func repair(_ result: CheckResult, store: EntityStore) throws -> RepairSummary {
         let plan = result.plan
         var summary = RepairSummary()
@@ -22,6 +45,9 @@ public enum Repairer {
         // Done when the store was opened for the repair (ForeignObjectPolicy.repair), before anything was written.
         let foreign = result.problems.filter { $0.kind == .foreignSchemaObject }.count
         if foreign > 0 { summary.actions.append("dropped \(foreign) object(s) Coffer never makes from the store file's schema") }
+        if result.problems.contains(where: { $0.kind == .mistypedRow }) {
+            summary.actions.append("gave the mistyped rows their type back, or dropped them")
+        }
 
         for e in plan.deleteEntries { try store.backend.deleteEntry(parentTag: e.parentTag, tag: e.tag) }
         if !plan.deleteEntries.isEmpty {

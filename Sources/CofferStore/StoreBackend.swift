@@ -134,8 +134,10 @@ public protocol StoreBackend: AnyObject, Sendable {
 
     // MARK: Below the sealed rows (`coffer fsck`)
 
-    /// Schema objects Coffer never makes (ForeignObjects.swift).
+    /// Schema objects Coffer never makes (StoreFileCheck.swift).
     func foreignObjects() throws(StoreError) -> [SchemaObject]
+    /// Rows with a column of another type than Coffer writes, counted by table (an engine with typed columns has none).
+    func mistypedRows() throws(StoreError) -> [(table: String, count: Int)]
     /// The engine's own check of its files: its first `limit` complaints, empty when sound.
     func fileCheck(limit: Int) throws(StoreError) -> [String]
 }
@@ -144,6 +146,7 @@ public protocol StoreBackend: AnyObject, Sendable {
 /// and what it serves is checked row by row above this seam.
 extension StoreBackend {
     public func foreignObjects() throws(StoreError) -> [SchemaObject] { [] }
+    public func mistypedRows() throws(StoreError) -> [(table: String, count: Int)] { [] }
     public func fileCheck(limit: Int) throws(StoreError) -> [String] { [] }
 }
 

@@ -8,7 +8,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case unknownTransformer(kind: String, transformer: String)
     case missingKind(String)
     case notAStore(String)
-    /// The store file's schema has objects Coffer never makes (ForeignObjects.swift), named here.
+    /// The store file's schema has objects Coffer never makes (StoreFileCheck.swift), named here.
     case foreignObjects(String)
     case wrongContainer
     case database(String)

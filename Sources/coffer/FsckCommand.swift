@@ -103,23 +103,25 @@ struct FsckCommand: ParsableCommand {
                 return Status.cancelled
             }
         }
+        let after: CheckResult
         do {
-            let store = try c.openStore(keys: keys, readOnly: false, leaseHolder: leaseHolder, foreign: .repair)
-            defer { store.close() }
-            report.summary = try Repairer.repair(result, store: store)
-        } catch { return fail("repair failed, nothing was changed: \(CLIFailure.from(error).message)", &report) }
+            // Checked again after each pass: a repair can bring out damage the check before it could not see.
+            let (summary, left) = try Repairer.repairInPasses(
+                result, open: { try c.openStore(keys: keys, readOnly: false, leaseHolder: leaseHolder, foreign: .repair) },
+                check: { try check(c, keys: keys) })
+            report.summary = summary
+            after = left
+        } catch {
+            return fail("repair failed (each pass is one transaction: the failed one changed nothing): \(CLIFailure.from(error).message)", &report)
+        }
         if !json, let summary = report.summary {
             print("Repaired:")
             for line in summary.actions { print("  \(line)") }
         }
-        // A second look says whether everything was repaired.
-        do {
-            let after = try check(c, keys: keys)
-            report.remaining = after
-            if after.isClean { return Status.repaired }
-            if !json { printProblems(after, heading: "Left after the repair:") }
-            return Status.unrepaired
-        } catch { return fail(CLIFailure.from(error).message, &report) }
+        report.remaining = after
+        if after.isClean { return Status.repaired }
+        if !json { printProblems(after, heading: "Left after the repair:") }
+        return Status.unrepaired
     }
 
     private func check(_ c: Container, keys: ContainerKeys) throws -> CheckResult {

@@ -228,6 +228,26 @@ struct FsckTests {
         #expect(sb.unmount().ok)
     }
 
+    /// Keys stored as another type (SQLite keeps any): a chunk's index as a real, every entry's tag as text. fsck
+    /// reports them, its repair gives them their type back and loses nothing: every file reads as written.
+    @Test func mistypedRowsGetTheirTypeBackAndNothingIsLost() throws {
+        let (sb, big, small) = try Self.filled("fsckmistyped")
+        defer { sb.cleanup() }
+        let sql = "UPDATE chunks SET idx = idx + 0.5 WHERE idx = 3; UPDATE dirents SET tag = CAST(tag AS TEXT);"
+        let edit = E2E.run("/usr/bin/env", ["sqlite3", sb.container + "/store.db", sql])
+        try #require(edit.ok, "\(edit)")
+        let found = fsck(sb)
+        #expect(found.status == 4, "\(found)")
+        #expect(found.stdout.contains("mistyped-row: store: 1 row(s) of chunks"), "\(found)")
+        #expect(found.stdout.contains("mistyped-row: store: 3 row(s) of dirents"), "\(found)")
+        let repair = fsck(sb, ["--repair", "--yes"])
+        #expect(repair.status == 1 && !repair.stdout.contains("lost"), "\(repair)")
+        #expect(fsck(sb).status == 0)
+        try #require(sb.mount().ok)
+        #expect(E2E.read(sb.mnt + "/docs/big.bin") == big && E2E.read(sb.mnt + "/small.bin") == small, "every file reads back")
+        #expect(sb.unmount().ok)
+    }
+
     /// A zeroed page of the chunks' index: the rows all open, so only SQLite's own check finds it. fsck says
     /// so (status 4), and its repair, which cannot mend a page, says so and changes nothing.
     @Test func aDamagedPageOfTheStoreFileIsReported() throws {

@@ -74,7 +74,7 @@ func damage(_ s: EntityStore, _ g: inout SplitMix64) throws -> String {
         ("xattrs", ["inode", "tag"]), ("chunkmaps", ["file", "page"])
     ]
     let (table, keys) = tables[Int(g.next() % UInt64(tables.count))]
-    let op = Int(g.next() % 5)
+    let op = Int(g.next() % 7)
     var rng = g
     defer { g = rng }
     return try s.sqlite.write { db -> String in
@@ -116,6 +116,23 @@ func damage(_ s: EntityStore, _ g: inout SplitMix64) throws -> String {
                 sql: "INSERT OR REPLACE INTO \(table)(\(columns)) VALUES (\(Array(repeating: "?", count: keys.count + 1).joined(separator: ", ")))",
                 arguments: StatementArguments(moved + [Data(value).databaseValue]))
             return "\(table): copied a row to another key"
+        case 5:
+            // A key SQLite keeps as given: a real or text where Coffer writes integers, text where it writes blobs.
+            let last = keys.count - 1
+            let odd: DatabaseValue =
+                Int64.fromDatabaseValue(keyValues[last]) != nil
+                ? (rng.next() % 2 == 0 ? (Double(rng.next() % 8) + 0.5).databaseValue : "x\(rng.next() % 8)".databaseValue)
+                : "tag".databaseValue
+            do {
+                try db.execute(
+                    sql: "UPDATE OR REPLACE \(table) SET \(keys[last]) = ? WHERE \(match)", arguments: StatementArguments([odd] + keyValues))
+            } catch { return "\(table): key \(keys[last]) set to \(odd): refused by SQLite" }  // an INTEGER PRIMARY KEY takes integers only
+            return "\(table): key \(keys[last]) set to \(odd)"
+        case 6:
+            // The value as text (same bytes, another type).
+            try db.execute(
+                sql: "UPDATE \(table) SET value = CAST(value AS TEXT) WHERE \(match)", arguments: StatementArguments(keyValues))
+            return "\(table): value made text"
         default:
             guard let other = try row(Int(rng.next() % UInt64(n))) else { return "\(table): no second row" }
             let otherValue = (other[keys.count] as Data?).map { [UInt8]($0) } ?? []

@@ -73,15 +73,14 @@ final class CheckFixture {
     }
 
     func check() throws -> CheckResult {
-        let store = try EntityStore.open(at: storePath, keys: keys, readOnly: true)
+        let store = try EntityStore.open(at: storePath, keys: keys, readOnly: true, foreign: .tolerate)
         defer { store.close() }
         return try Checker(store: store, chunkSize: chunkSize).run()
     }
 
+    /// As `coffer fsck --repair`: passes of repair and check while repairable problems are left.
     func repair(_ result: CheckResult) throws -> RepairSummary {
-        let store = try EntityStore.open(at: storePath, keys: keys)
-        defer { store.close() }
-        return try Repairer.repair(result, store: store)
+        try Repairer.repairInPasses(result, open: { try EntityStore.open(at: storePath, keys: keys, foreign: .repair) }, check: check).summary
     }
 
     /// Check, repair, check again: the second check must be clean.

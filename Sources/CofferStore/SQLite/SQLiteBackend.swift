@@ -174,7 +174,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
     }
 
     /// Opens an existing store file; read-only from a directory that cannot be written too. Objects in its
-    /// schema that Coffer never makes are refused unless `foreign` says otherwise (ForeignObjects.swift).
+    /// schema that Coffer never makes are refused unless `foreign` says otherwise (StoreFileCheck.swift).
     public static func open(at path: String, readOnly: Bool = false, foreign: ForeignObjectPolicy = .refuse) throws(StoreError)
         -> SQLiteBackend
     {
@@ -206,7 +206,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
             try Self.configureWriter(pool)
             try readSettings()
         } catch { throw .notAStore("\(error)") }
-        if foreignPolicy == .repair { try removeForeignObjects() }
+        if foreignPolicy == .repair { try repairStoreFile() }
         Self.keepSharedMemoryFile(path)
         checkpointer = Checkpointer(path: path)
         reserve = SpaceReserve(directory: (path as NSString).deletingLastPathComponent)

@@ -9,7 +9,7 @@ public enum ForeignObjectPolicy: Sendable {
     /// Opened as it is (fsck's check lists them; a copy reads only Coffer's tables).
     case tolerate
     /// fsck's repair, once confirmed: dropped when the store is set up for writing, before anything
-    /// else is written, in a transaction of their own.
+    /// else is written, in a transaction of their own, with the rows whose columns have the wrong type.
     case repair
 }
 
@@ -54,9 +54,35 @@ extension SQLiteBackend {
         throw .foreignObjects(names)
     }
 
-    /// Drops every foreign object in one transaction (dropping fires no trigger). A trigger or index on a foreign
-    /// table goes with the table: what is already gone is skipped.
-    func removeForeignObjects() throws(StoreError) {
+    /// Each table's columns as Coffer writes them: SQLite keeps whatever type it is given (a key of 5.5 or 'x'
+    /// where Coffer writes integers, text where it writes blobs), and such a row matches none of Coffer's lookups.
+    static let columnTypes: [(table: String, integers: [String], blobs: [String])] = [
+        ("inodes", [], ["value"]), ("dirents", [], ["parent", "tag", "value"]), ("chunks", ["file", "idx"], ["value"]),
+        ("xattrs", ["inode"], ["tag", "value"]), ("chunkmaps", ["file", "page"], ["value"]), ("orphans", ["id"], [])
+    ]
+
+    static func mistyped(integers: [String], blobs: [String]) -> String {
+        (integers.map { "typeof(\($0)) != 'integer'" } + blobs.map { "typeof(\($0)) != 'blob'" }).joined(separator: " OR ")
+    }
+
+    /// How many rows of each table have a column of another type than Coffer writes (tables without any left out).
+    public func mistypedRows() throws(StoreError) -> [(table: String, count: Int)] {
+        do {
+            return try pool.unsafeRead { db in
+                try Self.columnTypes.compactMap { t in
+                    let n = try Int.fetchOne(db, sql: "SELECT count(*) FROM \(t.table) WHERE \(Self.mistyped(integers: t.integers, blobs: t.blobs))")
+                    return (n ?? 0) > 0 ? (t.table, n ?? 0) : nil
+                }
+            }
+        } catch { throw .database("\(error)") }
+    }
+
+    /// The repair's first step (ForeignObjectPolicy.repair), in one transaction: every foreign object is dropped
+    /// (dropping fires no trigger; a trigger or index on a foreign table goes with the table, and what is already
+    /// gone is skipped), then every mistyped row, once no trigger can fire: a blob stored as text or a number, or an
+    /// integer stored as a real (truncated, as reads take it), gets its type back unless another row holds that key;
+    /// the rest is dropped. Restored rows are authenticated by the check after the repair, as any row.
+    func repairStoreFile() throws(StoreError) {
         do {
             try pool.writeWithoutTransaction { db in
                 try db.inTransaction {
@@ -66,10 +92,21 @@ extension SQLiteBackend {
                         guard let kind else { continue }
                         try db.execute(sql: "DROP \(kind) IF EXISTS main.\(o.name.quotedDatabaseIdentifier)")
                     }
+                    for t in Self.columnTypes {
+                        // The type back where the bytes allow: the row is then what Coffer's reads took it for.
+                        for c in t.integers {
+                            try db.execute(sql: "UPDATE OR IGNORE \(t.table) SET \(c) = CAST(\(c) AS INTEGER) WHERE typeof(\(c)) = 'real'")
+                        }
+                        for c in t.blobs {
+                            try db.execute(
+                                sql: "UPDATE OR IGNORE \(t.table) SET \(c) = CAST(\(c) AS BLOB) WHERE typeof(\(c)) IN ('text', 'integer', 'real')")
+                        }
+                        try db.execute(sql: "DELETE FROM \(t.table) WHERE \(Self.mistyped(integers: t.integers, blobs: t.blobs))")
+                    }
                     return .commit
                 }
             }
-        } catch { throw .database("cannot drop the objects Coffer never makes: \(error)") }
+        } catch { throw .database("cannot drop the objects Coffer never makes and the mistyped rows: \(error)") }
     }
 
     /// SQLite's structural check of the file (`PRAGMA quick_check`: every page's b-tree structure, not
