@@ -89,11 +89,35 @@ public final class Container: @unchecked Sendable {
     static func decodeHeader(_ data: Data) throws(ContainerError) -> ContainerHeader {
         guard data.count <= 1 << 20 else { throw .headerDamaged("header file is too large") }
         let header: ContainerHeader
-        do { header = try JSONDecoder().decode(ContainerHeader.self, from: data) } catch {
-            throw .headerDamaged("not valid header JSON")
-        }
+        do { header = try JSONDecoder().decode(ContainerHeader.self, from: data) } catch let e as DecodingError {
+            throw .headerDamaged(Self.describe(e))
+        } catch { throw .headerDamaged("not valid header JSON") }
         try checkStructure(header)
         return header
+    }
+
+    /// What is wrong with the header's JSON, naming the field ("slots[0].kdf.memoryKiB: ...").
+    static func describe(_ e: DecodingError) -> String {
+        func path(_ keys: [any CodingKey]) -> String {
+            keys.reduce("") { text, key in key.intValue.map { text + "[\($0)]" } ?? (text.isEmpty ? key.stringValue : text + "." + key.stringValue) }
+        }
+        switch e {
+        case let .typeMismatch(type, c):
+            let kind =
+                type == String.self
+                ? "a string"
+                : type == Bool.self
+                    ? "true or false"
+                    : "\(type)".hasPrefix("Array")
+                        ? "a list"
+                        : "\(type)".hasPrefix("Dictionary") ? "an object" : "a number"
+            return "\(path(c.codingPath)): not \(kind)"
+        case let .valueNotFound(_, c): return "\(path(c.codingPath)): missing"
+        case let .keyNotFound(key, c): return "\(path(c.codingPath + [key])): missing"
+        case let .dataCorrupted(c):
+            return c.codingPath.isEmpty ? "not valid header JSON" : "\(path(c.codingPath)): \(c.debugDescription)"
+        @unknown default: return "not valid header JSON"
+        }
     }
 
     /// Structural checks before any secret is used: a header that asks for something we do not

@@ -12,6 +12,8 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
     case unsupportedCipher(String)
     case unsupportedFeature(String)
     case weakKDF(String)
+    /// Parameters beyond what Coffer runs (a header asking for terabytes of memory), or not parameters at all.
+    case kdfOutOfRange(String)
     case wrongSecret
     case noMatchingSlot
     case slotNotFound(String)
@@ -32,6 +34,9 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
         case .unsupportedCipher(let c): return "container cipher \"\(c)\" is not supported (refusing to open)"
         case .unsupportedFeature(let f): return "container uses unknown feature \"\(f)\" (refusing to open)"
         case .weakKDF(let k): return "key derivation \(k) is weaker than the minimum (scrypt N=2^16 r=8 p=1 / argon2id t=2 m=64 MiB); refusing"
+        case .kdfOutOfRange(let k):
+            return
+                "key derivation \(k) is outside what Coffer runs (argon2id t 2-64, m 64 MiB-4 GiB, p 1-16; scrypt N 2^16-2^24, r 8-64, p 1-16); refusing"
         case .wrongSecret: return "wrong password or key: no key slot opens with it"
         case .noMatchingSlot: return "the container has no key slot of this kind"
         case .slotNotFound(let id): return "no key slot \(id)"

@@ -51,6 +51,29 @@ public struct KDFParameters: Codable, Equatable, Sendable {
     public var p: UInt32?
 }
 
+extension KDFParameters {
+    /// Numbers are read as Double, then made whole: JSONDecoder calls a number its type cannot hold "not valid
+    /// JSON" without saying where, and a header asking for 2^40 KiB should name the field.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        func whole<T: FixedWidthInteger>(_ key: CodingKeys) throws -> T? {
+            guard let v = try c.decodeIfPresent(Double.self, forKey: key) else { return nil }
+            guard let n = T(exactly: v) else {
+                throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "\(v == v.rounded() && abs(v) < 1e18 ? "\(Int64(v))" : "\(v)") is not a whole number from \(T.min) to \(T.max)")
+            }
+            return n
+        }
+        algorithm = try c.decode(String.self, forKey: .algorithm)
+        salt = try c.decode(String.self, forKey: .salt)
+        iterations = try whole(.iterations)
+        memoryKiB = try whole(.memoryKiB)
+        parallelism = try whole(.parallelism)
+        logN = try whole(.logN)
+        r = try whole(.r)
+        p = try whole(.p)
+    }
+}
+
 /// The key-derivation choice at init or when adding a slot.
 public enum KDFChoice: Equatable, Sendable, CustomStringConvertible {
     case argon2id(iterations: UInt32, memoryKiB: UInt32, parallelism: UInt32)
@@ -71,17 +94,15 @@ public enum KDFChoice: Equatable, Sendable, CustomStringConvertible {
         }
     }
 
-    /// Refuses parameters below the floor, whether they came from the user or from a header.
+    /// Refuses parameters below the floor or beyond the ceiling, whether they came from the user or from a header.
     public func validate() throws(ContainerError) {
         switch self {
         case let .argon2id(t, m, p):
-            guard m >= Self.minimumArgon2Memory, t >= Self.minimumArgon2Iterations, p >= 1, p <= 16, m <= 4_194_304, t <= 64 else {
-                throw .weakKDF(description)
-            }
+            guard p >= 1, p <= 16, m <= 4_194_304, t <= 64 else { throw .kdfOutOfRange(description) }
+            guard m >= Self.minimumArgon2Memory, t >= Self.minimumArgon2Iterations else { throw .weakKDF(description) }
         case let .scrypt(logN, r, p):
-            guard logN >= Self.minimumScryptLogN, logN <= 24, r >= Self.minimumScryptR, r <= 64, p >= 1, p <= 16 else {
-                throw .weakKDF(description)
-            }
+            guard logN <= 24, r <= 64, p >= 1, p <= 16 else { throw .kdfOutOfRange(description) }
+            guard logN >= Self.minimumScryptLogN, r >= Self.minimumScryptR else { throw .weakKDF(description) }
         }
     }
 }

@@ -142,6 +142,41 @@ struct HeaderTamperTests {
         }
     }
 
+    /// Beyond the ceiling is not "weaker than the minimum": the error says what Coffer runs.
+    @Test func slotKDFBeyondTheCeilingIsOutOfRange() throws {
+        try withTempDir { dir in
+            let made = try makeContainer(in: dir)
+            try editHeader(made.root) { h in
+                let i = h.slots.firstIndex { $0.kind == .password }!
+                h.slots[i].kdf = KDFParameters(
+                    algorithm: "argon2id", salt: h.slots[i].kdf.salt, iterations: 3, memoryKiB: 65536, parallelism: 100_000)
+            }
+            expectError(ContainerError.kdfOutOfRange(KDFChoice.argon2id(iterations: 3, memoryKiB: 65536, parallelism: 100_000).description)) {
+                _ = try Container.open(at: made.root)
+            }
+        }
+    }
+
+    /// A field of the wrong type, or a number its field cannot hold, is named.
+    @Test func aHeaderFieldOfTheWrongTypeIsNamed() throws {
+        try withTempDir { dir in
+            let made = try makeContainer(in: dir)
+            let path = made.root + "/" + ContainerHeader.fileName
+            let original = try String(contentsOfFile: path, encoding: .utf8)
+            let r = try #require(original.range(of: #""r" : \d+"#, options: .regularExpression), "\(original)")
+            let cases = [
+                (original.replacingCharacters(in: r, with: #""r" : 1099511627776"#), "slots[0].kdf.r: 1099511627776 is not a whole number"),
+                (original.replacingCharacters(in: r, with: #""r" : "big""#), "slots[0].kdf.r: not a number"),
+                (original.replacingOccurrences(of: #""chunkSize" : 65536"#, with: #""chunkSize" : "x""#), "chunkSize: not a number")
+            ]
+            for (text, said) in cases {
+                try text.write(toFile: path, atomically: true, encoding: .utf8)
+                let e = containerError { _ = try Container.open(at: made.root) }
+                #expect(e?.description.contains(said) == true, "\(String(describing: e))")
+            }
+        }
+    }
+
     @Test func changedSlotKDFAboveTheFloor() throws {
         try withTempDir { dir in
             let made = try makeContainer(in: dir)
