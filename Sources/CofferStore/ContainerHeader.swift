@@ -59,7 +59,8 @@ extension KDFParameters {
         func whole<T: FixedWidthInteger>(_ key: CodingKeys) throws -> T? {
             guard let v = try c.decodeIfPresent(Double.self, forKey: key) else { return nil }
             guard let n = T(exactly: v) else {
-                throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "\(v == v.rounded() && abs(v) < 1e18 ? "\(Int64(v))" : "\(v)") is not a whole number from \(T.min) to \(T.max)")
+                let shown = v == v.rounded() && abs(v) < 1e18 ? "\(Int64(v))" : "\(v)"
+                throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "\(shown) is not a whole number from \(T.min) to \(T.max)")
             }
             return n
         }
