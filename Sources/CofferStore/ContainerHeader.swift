@@ -60,7 +60,8 @@ extension KDFParameters {
             guard let v = try c.decodeIfPresent(Double.self, forKey: key) else { return nil }
             guard let n = T(exactly: v) else {
                 let shown = v == v.rounded() && abs(v) < 1e18 ? "\(Int64(v))" : "\(v)"
-                throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "\(shown) is not a whole number from \(T.min) to \(T.max)")
+                let why = "\(shown) is not a whole number from \(T.min) to \(T.max)"
+                throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: why)
             }
             return n
         }
