@@ -23,6 +23,11 @@ public final class EntityStore: @unchecked Sendable {
     /// The generation of the last commit: grows by one with every commit.
     private let committedGeneration = Mutex<UInt64>(0)
     public var generation: UInt64 { committedGeneration.withLock { $0 } }
+    /// The newest generation known to be in the store: read from it, or committed. Below `generation` after a
+    /// commit failed once its state was sealed (that one may or may not have landed): a durable commit with
+    /// nothing to write reports this one to the ledger, never the uncertain one (a disk that filled up made the
+    /// next mount a false rollback).
+    private let landedGeneration = Mutex<UInt64>(0)
 
     /// Called after every durable commit with the new generation (the rollback ledger listens).
     public var onCommit: (@Sendable (UInt64) -> Void)?
@@ -137,6 +142,7 @@ public final class EntityStore: @unchecked Sendable {
         let record = try sealer.open(StoreStateTransformer(), state, id: Self.stateId, cipher: keys.metadata, describe: "store state")
         guard constantTimeEqual(record.containerId, keys.containerId) else { throw .wrongContainer }
         committedGeneration.withLock { $0 = record.generation }
+        landedGeneration.withLock { $0 = record.generation }
     }
 
     /// Commits, then closes the engine. Later calls do nothing.
@@ -175,10 +181,14 @@ public final class EntityStore: @unchecked Sendable {
             }
             throw error
         }
-        if committed { committedGeneration.withLock { $0 = next } }
+        if committed {
+            committedGeneration.withLock { $0 = next }
+            landedGeneration.withLock { $0 = next }
+        }
         if durable {
-            durableFloor.withLock { $0 = max($0, generation) }
-            onCommit?(generation)
+            let sure = landedGeneration.withLock { $0 }
+            durableFloor.withLock { $0 = max($0, sure) }
+            onCommit?(sure)
         }
     }
 
@@ -273,6 +283,8 @@ public final class EntityStore: @unchecked Sendable {
             defer { g = record.generation }
             return (record.generation != g, lost)
         }
+        // What the server serves is in the store; a look outside the writer lock may be older than one since.
+        landedGeneration.withLock { $0 = atGroupBegin ? record.generation : max($0, record.generation) }
         if lost { onLostCommits?() }
         if changed { onForeignChange?() }
         return changed

@@ -682,6 +682,24 @@ struct MountTests {
         }
     }
 
+    /// Another program fills the disk and the daemon's next group commit fails: the group is dropped (its writers
+    /// hear ENOSPC), and that is no rollback. The ledger used to be told the generation of the commit that failed,
+    /// and the next mount was refused as a rollback (status 18).
+    @Test func aCommitTheFullDiskDroppedIsNoRollbackAtTheNextMount() throws {
+        try onASmallDisk("droppedcommit") { sb, container, keep in
+            let disk = (container as NSString).deletingLastPathComponent
+            _ = E2E.sh("dd if=/dev/zero of='\(disk)/filler' bs=4k")  // ends when the disk is full
+            let writes = E2E.sh("mkdir '\(sb.mnt)/d' && for i in $(seq 1 300); do head -c 8000 /dev/urandom > '\(sb.mnt)/d/f'$i || exit 1; done")
+            #expect(!writes.ok && writes.stderr.contains("No space left"), "\(writes)")
+            #expect(sb.unmount().ok)
+            _ = E2E.sh("rm -f '\(disk)/filler'")
+            let again = sb.mount(container: container)
+            try #require(again.ok, "\(again)")
+            let intact = E2E.read(sb.mnt + "/keep.bin") == keep
+            #expect(intact, "synced data is intact")
+        }
+    }
+
     /// Many small files written in 10 KiB records (they wait in the tail buffer until fsync or
     /// close) until the disk is full: every failure is ENOSPC, from write or fsync, every file
     /// whose fsync succeeded reads back, and the daemon keeps running.
