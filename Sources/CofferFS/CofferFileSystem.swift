@@ -75,6 +75,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Set by the store's `onRollback` (on whatever thread hit it): the errno the lost changes report.
     private let rolledBack = Mutex<FSError?>(nil)
     private var stopped = false
+    /// Under meta: `finalCommitFailure`.
+    private var finalFailure: String?
     private var committer: Thread?
     /// Wakes the committer before its pause ends (another mount asks for the writer lock).
     private let wakeCommitter = DispatchSemaphore(value: 0)
@@ -145,10 +147,16 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         thread.start()
     }
 
+    /// Why the last commit, at unmount, failed (what was written since the commit before is lost); nil when it did not.
+    public var finalCommitFailure: String? { meta.withLock { finalFailure } }
+
     public func shutdown() {
         meta.withLock { stopped = true }
         reapAll()
-        do { try commit() } catch { logger.error("final commit failed: \(error)") }
+        do { try commit() } catch {
+            logger.error("final commit failed: \(error)")
+            meta.withLock { finalFailure = "\(error)" }
+        }
         store.close()
         meta.withLock { for s in inodes.values { s.wipeCipher() } }
     }

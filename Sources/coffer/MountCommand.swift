@@ -137,12 +137,14 @@ struct MountCommand: ParsableCommand {
         // Systemd counts watchdog time from the start: ping while unlocking too, then check the mount.
         let health = MountHealth()
         notifier?.startWatchdog { health.isHealthy() }
+        DaemonExit.clearStale()
         do {
             let mount = try prepare(target: t, options: opts, secret: secret, logger: logger, notifier: notifier)
             let where_ = "\(mount.containerRoot) on \(mount.mountpoint)"
             try mount.run(
                 onReady: {
                     health.watch(mount.mountpoint)
+                    DaemonExit.recordRunning()
                     logger.notice("mounted \(where_)")
                     notifier?.ready(status: "Mounted \(where_)")
                     ready?.succeed()
@@ -151,8 +153,9 @@ struct MountCommand: ParsableCommand {
                     logger.info("unmounting \(mount.mountpoint): committing and closing the store")
                     notifier?.stopping(status: "Unmounting \(mount.mountpoint)")
                 })
-            mount.finish()
+            try mount.finish()
             logger.notice("unmounted \(mount.mountpoint)")
+            DaemonExit.record(status: 0, message: "")
         } catch {
             let failure = CLIFailure.from(error)
             notifier?.stopWatchdog()
@@ -160,6 +163,7 @@ struct MountCommand: ParsableCommand {
             // One line: the log (stderr or syslog), plus the launcher's own line in daemon mode.
             if health.hasMounted {
                 logger.error("mount ended with an error: \(failure.message)")
+                DaemonExit.record(status: failure.code, message: failure.message)
             } else {
                 logger.error("mount refused: \(failure.message)")
             }
@@ -189,6 +193,7 @@ struct MountCommand: ParsableCommand {
             fsOptions.readOnly = opts.readOnly
             fsOptions.symlinkRoot = mnt
             fsOptions.plainSymlinks = opts.plainSymlinks
+            fsOptions.commitInterval = .milliseconds(Int(opts.commitInterval * 1000))
             // A PostgreSQL container may have other mounts (other machines) at any time: every mount of
             // one is coherent (SharedMount), and leaves unlinked-but-open files of a crashed session to a
             // mount that starts alone. The floor: a state below what this machine saw durable is a rollback.
@@ -362,11 +367,15 @@ final class PreparedMount: @unchecked Sendable {
         }
     }
 
-    /// After the loop (the store is closed): the keys go, and a lease is given back.
-    func finish() {
+    /// After the loop (the store is closed): the keys go, and a lease is given back. Fails when the last
+    /// commit did, so that the daemon's status (and `coffer unmount`'s) says so.
+    func finish() throws {
         control?.stop()
         keys.wipe()
         lock.release()
+        if let why = fs.finalCommitFailure {
+            throw CLIFailure(message: "the last commit failed (\(why)): what was written since the commit before it is lost", code: ExitStatus.failure)
+        }
     }
 }
 

@@ -21,6 +21,8 @@ struct MountOptionSet {
     var allowRollback = false
     /// PostgreSQL containers: how long an operation waits for a lost server before it fails (EIO).
     var reconnectWait: Double = 30
+    /// How long changes may wait in memory before a group commit (ext4's `commit=`); fsync and unmount commit at once.
+    var commitInterval: Double = 1
     /// Set-user-ID programs and device files are not honoured in the mount unless asked (`suid`, `dev`),
     /// in every form: libfuse defaults to nosuid,nodev, but mount.fuse3 asks for suid,dev (see `fromMountHelper`).
     var nosuid = true
@@ -61,6 +63,10 @@ struct MountOptionSet {
             "PostgreSQL containers: how long an operation waits for a lost server to come back before it fails with EIO (default 30, 0 to 3600)"
         ),
         (["max_threads=N"], "worker threads, 1 to 256 (default: one more than cores)"),
+        (
+            ["commit=SECONDS"],
+            "how long changes may wait in memory before they are committed together (default 1, 0.05 to 600; fsync and unmount commit at once, and 64 MiB of changes commit sooner)"
+        ),
         (
             ["suid", "dev"],
             "honour set-user-ID programs and device files (nosuid,nodev is the default in every form; through mount(8) and fstab write allow_suid, allow_dev: mount.fuse3 asks for suid,dev whatever was written)"
@@ -115,6 +121,11 @@ struct MountOptionSet {
                     throw CLIFailure(message: "mount option reconnect_wait=\(v): expected a number of seconds from 0 to 3600", code: ExitStatus.usage)
                 }
                 reconnectWait = n
+            case ("commit", let v?):
+                guard let n = Double(v), n.isFinite, (0.05...600).contains(n) else {
+                    throw CLIFailure(message: "mount option commit=\(v): expected a number of seconds from 0.05 to 600", code: ExitStatus.usage)
+                }
+                commitInterval = n
             case ("suid", nil), ("allow_suid", nil): nosuid = false
             case ("nosuid", nil): nosuid = true
             case ("dev", nil), ("allow_dev", nil): nodev = false

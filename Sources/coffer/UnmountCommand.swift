@@ -21,6 +21,9 @@ struct UnmountCommand: ParsableCommand {
                 throw CLIFailure(message: "\(mnt) is not a mounted Coffer container", code: ExitStatus.badMountpoint)
             }
             let daemon = entry.source.hasPrefix("/") ? ContainerLock.holder(root: entry.source) : Self.daemon(serving: mnt, owner: entry.owner)
+            let exitRecord = daemon.map { DaemonExit.places(daemon: $0) } ?? []
+            // Looked at while the daemon runs: one that could write no record says nothing at its end either.
+            let recording = DaemonExit.read(exitRecord) != nil
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
             process.arguments = ["-u"] + (lazy ? ["-z"] : []) + [mnt]
@@ -36,8 +39,20 @@ struct UnmountCommand: ParsableCommand {
                         ? "\(mnt) is busy (a process uses it); close it or use --lazy"
                         : "cannot unmount \(mnt): \(why.trimmingCharacters(in: .whitespacesAndNewlines))", code: ExitStatus.failure)
             }
-            // The daemon commits after the kernel lets go; wait for it so "unmounted" means "durable".
-            if let pid = daemon, pid > 0, !lazy { try Self.awaitEnd(of: pid) }
+            // The daemon commits after the kernel lets go; wait for it so "unmounted" means "durable", and say how it ended.
+            if let pid = daemon, pid > 0, !lazy {
+                try Self.awaitEnd(of: pid)
+                switch DaemonExit.read(exitRecord, removing: true) {
+                case .ended(let status, let message) where status != 0:
+                    throw CLIFailure(message: "unmounted, but the daemon ended with an error: \(message)", code: status)
+                case .running? where recording, nil where recording:
+                    throw CLIFailure(
+                        message:
+                            "unmounted, but the daemon (pid \(pid)) ended without finishing (killed, or it crashed): see its log, and run coffer fsck",
+                        code: ExitStatus.failure)
+                default: break
+                }
+            }
         }
     }
 }

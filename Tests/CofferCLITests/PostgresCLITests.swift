@@ -223,6 +223,34 @@ struct PostgresCLITests {
         #expect(sb.unmount().ok)
     }
 
+    /// A server that refuses the last commit (a trigger added while mounted; `commit=60` keeps the write in
+    /// memory until the unmount): `coffer unmount` says the daemon ended with an error and exits 1 (it exited 0,
+    /// with the loss only in the daemon's log). A clean unmount still exits 0.
+    @Test func unmountSaysWhenTheLastCommitFailed() throws {
+        let (sb, uri, cluster) = try pgSandbox("pglastcommit")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer(container: uri).ok)
+        try #require(sb.mount(container: uri).ok)
+        try E2E.write(sb.mnt + "/kept", "committed")
+        let clean = sb.unmount()
+        #expect(clean.status == 0 && clean.stderr.isEmpty, "\(clean)")
+
+        try #require(sb.mount(container: uri, options: "commit=60").ok)
+        let s = "\"\(schema(uri))\""
+        try cluster.psql(
+            "CREATE FUNCTION \(s).refuse() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$ LANGUAGE plpgsql; "
+                + "CREATE TRIGGER refuse BEFORE INSERT ON \(s).inodes FOR EACH ROW EXECUTE FUNCTION \(s).refuse()")
+        // Written and closed, never synced (Foundation's write would fsync, and fail there).
+        #expect(E2E.sh("echo 'never committed' > '\(sb.mnt)/lost'").ok)
+        let failed = sb.unmount()
+        #expect(failed.status == 1 && failed.stderr.contains("the daemon ended with an error: the last commit failed"), "\(failed)")
+        #expect(!E2E.isMounted(sb.mnt))
+        try cluster.psql("DROP TRIGGER refuse ON \(s).inodes")
+        try #require(sb.mount(container: uri).ok)
+        #expect(E2E.readText(sb.mnt + "/kept") == "committed" && E2E.readText(sb.mnt + "/lost") == nil)
+        #expect(sb.unmount().ok)
+    }
+
     /// The server restarted (-m fast, then -m immediate) under a writer that fsyncs: the mount survives,
     /// every fsynced file reads back, and fsck is clean. With a short reconnect_wait and the server
     /// down longer, an fsync fails with EIO and the mount still answers once the server is back.
