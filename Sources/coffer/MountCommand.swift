@@ -374,7 +374,8 @@ final class PreparedMount: @unchecked Sendable {
         keys.wipe()
         lock.release()
         if let why = fs.finalCommitFailure {
-            throw CLIFailure(message: "the last commit failed (\(why)): what was written since the commit before it is lost", code: ExitStatus.failure)
+            let lost = "what was written since the commit before it is lost"
+            throw CLIFailure(message: "the last commit failed (\(why)): \(lost)", code: ExitStatus.failure)
         }
     }
 }
