@@ -394,6 +394,30 @@ struct SegmentTests {
         }
     }
 
+    /// Segments are read through a mapping: one cut short while it is mapped (another process truncated it)
+    /// reads as damage where it was cut, never as a crash (SIGBUS) and never as other bytes; what is left reads.
+    @Test func aSegmentCutWhileMappedReadsAsDamage() throws {
+        try withTempDir { dir in
+            let (store, keys, path) = try makeStore(in: dir)
+            let file = try EntityStore.newContentId()
+            try store.putTestChunks(file: file, count: 4, seed: 1, keys: keys)
+            try store.commit()
+            store.close()
+            let reading = try EntityStore.open(at: path, keys: keys, readOnly: true)
+            defer { reading.close() }
+            let cipher = try reading.contentCipher(contentId: file)
+            var out = [UInt8](repeating: 0, count: 65536)
+            func opens(_ index: UInt64) throws -> Bool {
+                let c = try reading.sealedChunks(file: file, first: index, last: index)
+                return c.count == 1 && (try? out.withUnsafeMutableBytes { try cipher.open(c[0].sealed, index: index, into: $0) }) == 65536
+            }
+            for i in 0..<4 as Range<UInt64> { #expect(try opens(i), "chunk \(i) before the cut") }
+            #expect(truncate(dir + "/segments/1", 70_000) == 0)  // inside chunk 1, with chunk 0 whole
+            #expect(try opens(0), "the chunk before the cut still reads")
+            for i in 1..<4 as Range<UInt64> { #expect(!(try opens(i)), "chunk \(i) past the cut opened") }
+        }
+    }
+
     /// A hostile container: `segments` a symbolic link (the cleanup at open would remove numbered files
     /// wherever it points) is refused for writing; a FIFO where a segment should be reads as no bytes
     /// instead of hanging the reader.

@@ -1,4 +1,5 @@
 import CFileSpace
+import CMappedFault
 import Foundation
 import Glibc
 import Synchronization
@@ -40,28 +41,49 @@ final class Segments: @unchecked Sendable {
     // MARK: Reading
 
     /// A segment open for reading; closed when the last reader lets go of it, so a segment removed
-    /// from the cache while another thread reads it stays readable until that read ends.
+    /// from the cache while another thread reads it stays readable until that read ends. Its first
+    /// `mappedLength` bytes (the file's length when it was opened) are mapped read-only: a chunk is then
+    /// decrypted straight from the page cache, without pread's copy (most of a cold streaming read's
+    /// daemon time, docs/MEASUREMENTS.md). Segments only grow; a page someone cut off the file reads as
+    /// zeros (CMappedFault), and a punched hole as zeros too, which authentication then refuses.
     final class File: Sendable {
         let fd: Int32
-        init(fd: Int32) { self.fd = fd }
-        deinit { Glibc.close(fd) }
+        nonisolated(unsafe) let mapped: UnsafeRawPointer?
+        let mappedLength: Int64
+        /// Read through the mapping since the last drop (`readMapped`).
+        let touched = Atomic<Bool>(false)
+        init(fd: Int32, length: Int64, maps: Bool) {
+            self.fd = fd
+            let p = maps && length > 0 ? mmap(nil, Int(length), PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED
+            mapped = p == MAP_FAILED ? nil : UnsafeRawPointer(p)
+            mappedLength = mapped == nil ? 0 : length
+        }
+        deinit {
+            if let mapped { munmap(UnsafeMutableRawPointer(mutating: mapped), Int(mappedLength)) }
+            Glibc.close(fd)
+        }
     }
     private let files = Mutex<[Int64: File]>([:])
+    /// Reads map segments (the SIGBUS guard is in place).
+    private let maps = coffer_mapped_fault_install() == 0
 
-    private func file(_ id: Int64) -> File? {
-        if let f = files.withLock({ $0[id] }) { return f }
+    /// Segment `id` open for reading, its mapping reaching `end` if the file does (a segment that grew since
+    /// it was opened is opened and mapped again; readers of the old one keep it until they let go).
+    private func file(_ id: Int64, reaching end: Int64) -> File? {
+        let cached = files.withLock { $0[id] }
+        if let cached, !maps || cached.mappedLength >= end { return cached }
         guard id > 0 else { return nil }
         // Non-blocking: a FIFO put there must not hang the reader; only regular files are read.
         let fd = Glibc.open(path(id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard fd >= 0 else { return nil }
+        guard fd >= 0 else { return cached }
         var st = stat()
-        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, cached == nil || st.st_size > cached?.mappedLength ?? 0 else {
             Glibc.close(fd)
-            return nil
+            return cached
         }
-        let f = File(fd: fd)
+        let f = File(fd: fd, length: Int64(st.st_size), maps: maps)
         return files.withLock { cache in
-            if let other = cache[id] { return other }
+            if let other = cache[id], other.mappedLength >= f.mappedLength { return other }
             cache[id] = f
             return f
         }
@@ -71,13 +93,20 @@ final class Segments: @unchecked Sendable {
     /// cannot be read (a missing segment, a row pointing outside one): the caller's authentication
     /// then reports the chunk as damaged, never other bytes as its content.
     func read<T>(_ id: Int64, offset: Int64, length: Int64, _ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
-        guard length > 0, length <= Int64(Self.maximumLength), offset >= 0, offset <= Int64.max - length, let f = file(id) else {
+        guard length > 0, length <= Int64(Self.maximumLength), offset >= 0, offset <= Int64.max - length,
+            let f = file(id, reaching: offset + length)
+        else {
             return try body(UnsafeRawBufferPointer(start: nil, count: 0))
+        }
+        let gathering = gatheringSegment.load(ordering: .acquiring) == id && offset + length > gatheredStart.load(ordering: .acquiring)
+        if !gathering, let base = f.mapped, offset + length <= f.mappedLength {
+            defer { readMapped(f, Int(length)) }
+            return try body(UnsafeRawBufferPointer(start: base + Int(offset), count: Int(length)))
         }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(length), alignment: 16)
         defer { buffer.deallocate() }
         let done: Int
-        if gatheringSegment.load(ordering: .acquiring) == id && offset + length > gatheredStart.load(ordering: .acquiring) {
+        if gathering {
             // Bytes appended since the last write of the gathered ones (the writer reading its own group).
             done = gathered.withLock { g in
                 let inFile = g.segment == id ? Int(max(0, min(length, g.start - offset))) : Int(length)
@@ -95,6 +124,21 @@ final class Segments: @unchecked Sendable {
         }
         return try body(UnsafeRawBufferPointer(rebasing: buffer[0..<done]))
     }
+
+    /// Counts bytes read through mappings; every `dropEvery` of them, the pages leave the mappings read since
+    /// (the page cache keeps them): a streaming read would otherwise count the whole file in the daemon's
+    /// resident memory. Dropping after each read instead cost more than the copy it saves (a TLB shootdown each).
+    private func readMapped(_ f: File, _ length: Int) {
+        f.touched.store(true, ordering: .relaxed)
+        let total = mappedSinceDrop.add(length, ordering: .relaxed).newValue
+        guard total >= Self.dropEvery, mappedSinceDrop.compareExchange(expected: total, desired: 0, ordering: .relaxed).exchanged else { return }
+        let touched = files.withLock { $0.values.filter { $0.touched.exchange(false, ordering: .relaxed) } }
+        for t in touched {
+            if let m = t.mapped { madvise(UnsafeMutableRawPointer(mutating: m), Int(t.mappedLength), MADV_DONTNEED) }
+        }
+    }
+    private let mappedSinceDrop = Atomic<Int>(0)
+    static let dropEvery = 16 << 20
 
     /// Reads up to `count` bytes at `offset` into the start of `buffer`; stops early at the end of the file or an error.
     private static func pread(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, upTo count: Int, at offset: Int64) -> Int {
@@ -180,7 +224,10 @@ final class Segments: @unchecked Sendable {
             Glibc.close(fd)
             throw StoreError.database("segment \(id) is not a regular file")
         }
-        if Int64(st.st_size) > end { _ = ftruncate(fd, off_t(end)) }
+        if Int64(st.st_size) > end {
+            _ = ftruncate(fd, off_t(end))
+            forget(id)  // its mapping reaches past the new end: new bytes there are read through a new one
+        }
         let direct = directWrites && coffer_set_direct(fd, 1) == 0
         // With O_DIRECT, appends start at the next block (the one `end` lies in holds committed bytes);
         // otherwise the gathered bytes start at that block, its first part read back from the file; if
