@@ -225,6 +225,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         if let e = rolledBack.withLock({ $0 }) { reloadAfterRollback(e) }
         let epoch = storeEpoch.load(ordering: .acquiring)
         if let s = inodes[ino] {
+            if s.goneElsewhere { throw FSError(ESTALE) }
             if s.epoch != epoch && options.coherent { try refresh(s, epoch: epoch) }
             return s
         }
@@ -329,10 +330,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             } else if s.lookups == 0 {
                 inodes[ino] = nil
             } else {
-                // Created inside the lost transaction: it no longer exists.
+                // Created inside the lost transaction: it no longer exists, and its content went with it
+                // (its record still says how long it was: read, it gave zeros). ESTALE from now on, as on NFS.
                 s.deleted = true
                 s.dirty = false
                 s.record.nlink = 0
+                s.goneElsewhere = true
             }
         }
         // A dying inode whose unlink was lost is a file again (its entry is back: the kernel finds it

@@ -25,7 +25,8 @@ final class InodeState: @unchecked Sendable {
     var location: (parent: InodeNumber, name: [UInt8])?
     /// Coherent mounts: the store change count (`CofferFileSystem.storeEpoch`) when the record was
     /// last read; `changedElsewhere`: another mount changed it since the kernel was last told
-    /// (the next open drops the kernel's pages and attributes); `goneElsewhere`: another mount removed it;
+    /// (the next open drops the kernel's pages and attributes); `goneElsewhere`: another mount removed it,
+    /// or it was created in a dropped transaction (ESTALE from then on);
     /// `unlinkedElsewhere`: another mount removed its last name (its record stays while that mount's kernel
     /// holds it): an open by a name this kernel still caches is ESTALE, so the kernel looks the name up again.
     var epoch: UInt64 = 0

@@ -204,6 +204,24 @@ struct LifecycleTests {
         #expect(try f.store.orphans().isEmpty)
     }
 
+    /// A file created in a dropped transaction is gone, though the kernel still holds it (a cached name): opening
+    /// or reading it fails, never gives bytes that are not its own (its size said 4 and a read gave 4 zeros).
+    @Test func aFileCreatedInADroppedTransactionReadsAsGone() throws {
+        let f = try Fixture(chunkSize: 4096, engine: .sqlite)
+        defer { f.cleanup() }
+        try f.fs.commit()
+        let lost = try f.file("lost", b("one\n"))  // created, written and released; the kernel keeps its lookup
+        try f.store.sqlite.writer { db in try db.execute(sql: "ROLLBACK") }
+        f.store.onRollback?(.diskFull)
+        #expect(try f.list().isEmpty, "the lost file's entry is gone")
+        let opened = Result { () throws(FSError) in try f.fs.open(lost, flags: O_RDONLY, caller: caller) }
+        if case .success(let o) = opened {
+            let read = Result { () throws(FSError) in try f.fs.read(lost, handle: o.handle, offset: 0, size: 4096) }
+            #expect((try? read.get()) == nil, "a read of a file that no longer exists gave \(String(describing: try? read.get()))")
+        }
+        #expect((try? f.fs.getattr(lost)) == nil, "getattr of a file that no longer exists")
+    }
+
     @Test func orphanOfACrashIsRemovedAtTheNextMount() throws {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
