@@ -50,21 +50,27 @@ public final class Checker {
 
     static let pageRepair = "none: SQLite cannot mend a damaged page; restore a backup (coffer copy), or copy out the files that still read"
 
-    /// Below the sealed rows: the store file itself.
+    /// Below the sealed rows: the store file itself. SQLite's own check first: on a damaged file the scans for
+    /// foreign objects and mistyped rows may stop at the damage, which is then the finding.
     func storeFileProblems() throws -> [Problem] {
-        var problems: [Problem] = []
-        for o in try store.backend.foreignObjects() {
-            let runs = o.type == "trigger" ? " (it runs its own SQL on Coffer's writes)" : ""
-            problems.append(Problem(.foreignSchemaObject, "\(o) in the store file, which Coffer never makes\(runs)", repair: "drop it"))
+        var problems = try store.backend.fileCheck(limit: 20).map { Problem(.storeFileDamaged, "SQLite's check: \($0)", repair: Self.pageRepair) }
+        let damaged = !problems.isEmpty
+        func scan(_ body: () throws -> Void) throws {
+            do { try body() } catch  where damaged {}
         }
-        for (table, n) in try store.backend.mistypedRows() {
-            problems.append(
-                Problem(
-                    .mistypedRow, "\(n) row(s) of \(table) with a key or value of another type than Coffer writes",
-                    repair: "give them back their type where the bytes allow, else drop them"))
+        try scan {
+            for o in try store.backend.foreignObjects() {
+                let runs = o.type == "trigger" ? " (it runs its own SQL on Coffer's writes)" : ""
+                problems.append(Problem(.foreignSchemaObject, "\(o) in the store file, which Coffer never makes\(runs)", repair: "drop it"))
+            }
         }
-        for line in try store.backend.fileCheck(limit: 20) {
-            problems.append(Problem(.storeFileDamaged, "SQLite's check: \(line)", repair: Self.pageRepair))
+        try scan {
+            for (table, n) in try store.backend.mistypedRows() {
+                problems.append(
+                    Problem(
+                        .mistypedRow, "\(n) row(s) of \(table) with a key or value of another type than Coffer writes",
+                        repair: "give them back their type where the bytes allow, else drop them"))
+            }
         }
         return problems
     }
@@ -241,7 +247,7 @@ public final class Checker {
             problems.append(
                 Problem(
                     .unreferencedXattr, inode: ino, "\(n) extended attribute(s) of an inode that does not exist",
-                    repair: "give them back their type where the bytes allow, else drop them"))
+                    repair: "drop them"))
         }
 
         // Content: every regular file's map and chunks; then rows of no file.
@@ -281,7 +287,7 @@ public final class Checker {
                 Problem(
                     .unreferencedContent,
                     "\(n.chunks) chunk row(s) and \(n.pages) map page(s) of content id \(String(file, radix: 16)) belong to no inode",
-                    repair: "give them back their type where the bytes allow, else drop them"))
+                    repair: "drop them"))
         }
         progress?(total, total)
         return CheckResult(problems: problems, counts: counts, plan: plan)

@@ -85,6 +85,10 @@ public struct Problem: Sendable, CustomStringConvertible {
 
     /// Whether `--repair` does anything about it (a damaged page of the store file it cannot mend).
     public var isRepairable: Bool { kind != .storeFileDamaged }
+
+    /// Problems that the store file's own repair sets right when it is opened for a repair
+    /// (ForeignObjectPolicy.repair): a plan made beside them was made without the rows it gives back.
+    public var isInTheStoreFile: Bool { kind == .foreignSchemaObject || kind == .mistypedRow }
 }
 
 /// Bytes of a file that a repair turned into zeros because their chunks were missing or damaged.

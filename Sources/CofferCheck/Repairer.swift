@@ -7,6 +7,14 @@ public struct RepairSummary: Sendable {
     public var lostRanges: [LostRange] = []
 }
 
+/// A repair pass, or the check after one, failed: what the passes before it did stays (each pass is one
+/// transaction, and the failed one was rolled back).
+public struct RepairFailure: Error {
+    public let done: RepairSummary
+    public let error: any Error
+    public let inCheck: Bool
+}
+
 /// Applies a check's repair plan in the store's group transaction and commits once at the end, so
 /// a repair interrupted by a crash leaves the container as it was. Never deletes what still opens
 /// except rows the authenticated maps and tree say are not part of any file.
@@ -14,21 +22,26 @@ public enum Repairer {
     /// Repairs, checks again, and repairs again while problems it can repair are left, `passes` repairs at most: a
     /// repair can bring out what the check before it could not see (the chunk of a mistyped row it dropped is then
     /// missing; an entry dropped with its damaged inode leaves a count to fix). `open` opens the store for one repair.
+    /// A pass that fails is rolled back (`RepairFailure` carries what the passes before it did).
     public static func repairInPasses(
         _ first: CheckResult, passes: Int = 3, open: () throws -> EntityStore, check: () throws -> CheckResult
-    ) throws -> (summary: RepairSummary, remaining: CheckResult) {
+    ) throws(RepairFailure) -> (summary: RepairSummary, remaining: CheckResult) {
         var summary = RepairSummary()
         var result = first
         for _ in 0..<passes {
-            let store = try open()
-            let pass: RepairSummary
             do {
-                defer { store.close() }
-                pass = try repair(result, store: store)
-            }
-            summary.actions += pass.actions
-            summary.lostRanges += pass.lostRanges
-            result = try check()
+                let store = try open()
+                do {
+                    let pass = try repair(result, store: store)
+                    store.close()
+                    summary.actions += pass.actions
+                    summary.lostRanges += pass.lostRanges
+                } catch {
+                    store.abandon()
+                    throw error
+                }
+            } catch { throw RepairFailure(done: summary, error: error, inCheck: false) }
+            do { result = try check() } catch { throw RepairFailure(done: summary, error: error, inCheck: true) }
             if !result.problems.contains(where: \.isRepairable) { break }
         }
         return (summary, result)
@@ -43,11 +56,13 @@ public enum Repairer {
         var links = plan.links
 
         // Done when the store was opened for the repair (ForeignObjectPolicy.repair), before anything was written.
+        // The plan was made without the rows that gave back: the next pass checks again and repairs the rest.
         let foreign = result.problems.filter { $0.kind == .foreignSchemaObject }.count
         if foreign > 0 { summary.actions.append("dropped \(foreign) object(s) Coffer never makes from the store file's schema") }
         if result.problems.contains(where: { $0.kind == .mistypedRow }) {
             summary.actions.append("gave the mistyped rows their type back, or dropped them")
         }
+        if result.problems.contains(where: \.isInTheStoreFile) { return summary }
 
         for e in plan.deleteEntries { try store.backend.deleteEntry(parentTag: e.parentTag, tag: e.tag) }
         if !plan.deleteEntries.isEmpty {

@@ -311,6 +311,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             if s.dirty { s.writeError = error }
             s.dropChunkMap()
             let stored: InodeRecord?
+            var unread = false
             do { stored = try store.inode(ino) } catch {
                 // The store cannot be read now (a lost server): nothing is known to be gone. A coherent
                 // mount rereads the record at its next use; this one is not to be written.
@@ -320,6 +321,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                     continue
                 }
                 stored = nil
+                unread = true
             }
             if let r = stored {
                 // A stored record without links was written with its orphan row (`persist`).
@@ -335,7 +337,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 s.deleted = true
                 s.dirty = false
                 s.record.nlink = 0
-                s.goneElsewhere = true
+                s.goneElsewhere = !unread  // known gone; a record that could not be read may still be there
             }
         }
         // A dying inode whose unlink was lost is a file again (its entry is back: the kernel finds it

@@ -99,7 +99,10 @@ public final class Container: @unchecked Sendable {
     /// What is wrong with the header's JSON, naming the field ("slots[0].kdf.memoryKiB: ...").
     static func describe(_ e: DecodingError) -> String {
         func path(_ keys: [any CodingKey]) -> String {
-            keys.reduce("") { text, key in key.intValue.map { text + "[\($0)]" } ?? (text.isEmpty ? key.stringValue : text + "." + key.stringValue) }
+            let text = keys.reduce("") { text, key in
+                key.intValue.map { text + "[\($0)]" } ?? (text.isEmpty ? key.stringValue : text + "." + key.stringValue)
+            }
+            return text.isEmpty ? "the header" : text
         }
         switch e {
         case let .typeMismatch(type, c):
@@ -115,7 +118,8 @@ public final class Container: @unchecked Sendable {
         case let .valueNotFound(_, c): return "\(path(c.codingPath)): missing"
         case let .keyNotFound(key, c): return "\(path(c.codingPath + [key])): missing"
         case let .dataCorrupted(c):
-            return c.codingPath.isEmpty ? "not valid header JSON" : "\(path(c.codingPath)): \(c.debugDescription)"
+            let why = c.debugDescription.unicodeScalars.filter { $0.properties.generalCategory != .control }.prefix(200)
+            return c.codingPath.isEmpty ? "not valid header JSON" : "\(path(c.codingPath)): \(String(why))"
         @unknown default: return "not valid header JSON"
         }
     }

@@ -26,7 +26,8 @@ public final class EntityStore: @unchecked Sendable {
     /// The newest generation known to be in the store: read from it, or committed. Below `generation` after a
     /// commit failed once its state was sealed (that one may or may not have landed): a durable commit with
     /// nothing to write reports this one to the ledger, never the uncertain one (a disk that filled up made the
-    /// next mount a false rollback).
+    /// next mount a false rollback). On PostgreSQL it may be another mount's commit, which that mount had not
+    /// yet made durable when this one read it: a server crash right then can still look like a rollback here.
     private let landedGeneration = Mutex<UInt64>(0)
 
     /// Called after every durable commit with the new generation (the rollback ledger listens).
@@ -145,6 +146,13 @@ public final class EntityStore: @unchecked Sendable {
         landedGeneration.withLock { $0 = record.generation }
     }
 
+    /// Closes the engine without committing what the open group holds (PostgreSQL rolls back at close).
+    public func abandon() {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        (backend as? SQLiteBackend)?.rollBackOpenGroup()
+        backend.close()
+    }
+
     /// Commits, then closes the engine. Later calls do nothing.
     public func close() {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
@@ -186,7 +194,7 @@ public final class EntityStore: @unchecked Sendable {
             landedGeneration.withLock { $0 = next }
         }
         if durable {
-            let sure = landedGeneration.withLock { $0 }
+            let sure = committed ? next : landedGeneration.withLock { $0 }
             durableFloor.withLock { $0 = max($0, sure) }
             onCommit?(sure)
         }

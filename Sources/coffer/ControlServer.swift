@@ -35,7 +35,7 @@ final class ControlServer: @unchecked Sendable {
         self.snapshot = snapshot
         self.status = status
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0, Self.makeDirectory(directory) else {
+        guard fd >= 0, ControlSocket.makeDirectory(directory) else {
             logger.warning(
                 "no control socket in \(directory) (coffer copy of this mount is refused, and coffer info shows no counts while it is mounted): \(String(cString: strerror(errno)))"
             )
@@ -127,11 +127,6 @@ final class ControlServer: @unchecked Sendable {
     }
 
     /// `dir` and its parents, the last one private.
-    private static func makeDirectory(_ dir: String) -> Bool {
-        guard (try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)) != nil else { return false }
-        return chmod(dir, 0o700) == 0
-    }
-
     /// Sockets of this container left by daemons that are gone (killed).
     private static func removeStale(in dir: String, containerId: String) {
         for f in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] where f.hasPrefix(containerId + "-") && f.hasSuffix(".sock") {

@@ -18,6 +18,14 @@ enum ControlSocket {
 
     static func fileName(containerId: String, pid: pid_t) -> String { "\(containerId)-\(pid).sock" }
 
+    /// Makes the directory (private: 0700) if it is missing. A link where it should be is not followed.
+    static func makeDirectory(_ dir: String) -> Bool {
+        guard (try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)) != nil else { return false }
+        var st = stat()
+        guard lstat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR, st.st_uid == geteuid() else { return false }
+        return chmod(dir, 0o700) == 0
+    }
+
     /// A unix socket address for `dir/name`: through `/proc/self/fd/N` of the open directory, so a long
     /// state path never exceeds sun_path's 108 bytes. `body` gets the address while the directory is open.
     static func withAddress<T>(directory dir: String, name: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T? {

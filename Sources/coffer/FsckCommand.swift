@@ -93,6 +93,10 @@ struct FsckCommand: ParsableCommand {
             printErr("coffer fsck: not repairing: nothing found here can be repaired; nothing was changed")
             return Status.unrepaired
         }
+        guard !result.problems.contains(where: { $0.kind == .storeFileDamaged }) else {
+            printErr("coffer fsck: not repairing: SQLite finds the store file damaged, and writing to it could make that worse; nothing was changed")
+            return Status.unrepaired
+        }
         if !yes {
             guard isatty(STDIN_FILENO) != 0 else {
                 printErr("coffer fsck: not repairing: there is no terminal to confirm on; pass --yes to repair without asking")
@@ -112,16 +116,22 @@ struct FsckCommand: ParsableCommand {
             report.summary = summary
             after = left
         } catch {
-            return fail("repair failed (each pass is one transaction: the failed one changed nothing): \(CLIFailure.from(error).message)", &report)
+            report.summary = error.done
+            printRepaired(report.summary)
+            let what = error.inCheck ? "the check after a repair pass failed" : "a repair pass failed and was rolled back"
+            return fail("\(what): \(CLIFailure.from(error.error).message)", &report)
         }
-        if !json, let summary = report.summary {
-            print("Repaired:")
-            for line in summary.actions { print("  \(line)") }
-        }
+        printRepaired(report.summary)
         report.remaining = after
         if after.isClean { return Status.repaired }
         if !json { printProblems(after, heading: "Left after the repair:") }
         return Status.unrepaired
+    }
+
+    private func printRepaired(_ summary: RepairSummary?) {
+        guard !json, let summary, !summary.actions.isEmpty else { return }
+        print("Repaired:")
+        for line in summary.actions { print("  \(line)") }
     }
 
     private func check(_ c: Container, keys: ContainerKeys) throws -> CheckResult {

@@ -65,7 +65,7 @@ struct MountOptionSet {
         (["max_threads=N"], "worker threads, 1 to 256 (default: one more than cores)"),
         (
             ["commit=SECONDS"],
-            "how long changes may wait in memory before they are committed together (default 1, 0.05 to 600; fsync and unmount commit at once, and 64 MiB of changes commit sooner)"
+            "how long changes may wait in memory before they are committed together (default 1, 0.05 to 600; fsync and unmount commit at once, a group of several MiB sooner, and a PostgreSQL container with other mounts within 50 ms)"
         ),
         (
             ["suid", "dev"],

@@ -21,9 +21,7 @@ struct UnmountCommand: ParsableCommand {
                 throw CLIFailure(message: "\(mnt) is not a mounted Coffer container", code: ExitStatus.badMountpoint)
             }
             let daemon = entry.source.hasPrefix("/") ? ContainerLock.holder(root: entry.source) : Self.daemon(serving: mnt, owner: entry.owner)
-            let exitRecord = daemon.map { DaemonExit.places(daemon: $0) } ?? []
-            // Looked at while the daemon runs: one that could write no record says nothing at its end either.
-            let recording = DaemonExit.read(exitRecord) != nil
+            let exitRecord = daemon.map { DaemonExit.places(daemon: $0) } ?? ([], "", nil)
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
             process.arguments = ["-u"] + (lazy ? ["-z"] : []) + [mnt]
@@ -45,7 +43,7 @@ struct UnmountCommand: ParsableCommand {
                 switch DaemonExit.read(exitRecord, removing: true) {
                 case .ended(let status, let message) where status != 0:
                     throw CLIFailure(message: "unmounted, but the daemon ended with an error: \(message)", code: status)
-                case .running? where recording, nil where recording:
+                case .running?:
                     throw CLIFailure(
                         message:
                             "unmounted, but the daemon (pid \(pid)) ended without finishing (killed, or it crashed): see its log, and run coffer fsck",

@@ -413,8 +413,10 @@ struct SegmentTests {
             }
             for i in 0..<4 as Range<UInt64> { #expect(try opens(i), "chunk \(i) before the cut") }
             #expect(truncate(dir + "/segments/1", 70_000) == 0)  // inside chunk 1, with chunk 0 whole
+            let faults = ChunkReaders.faultsRepaired
             #expect(try opens(0), "the chunk before the cut still reads")
             for i in 1..<4 as Range<UInt64> { #expect(!(try opens(i)), "chunk \(i) past the cut opened") }
+            #expect(ChunkReaders.faultsRepaired > faults, "the cut pages were read through the mapping")
         }
     }
 

@@ -93,6 +93,13 @@ extension SQLiteBackend {
         if !db.isInsideTransaction, pending.withLock({ $0.since != nil }) { droppedTransaction(error) }
     }
 
+    /// Rolls the open group back without telling anyone: its owner closes the store next (a repair pass that failed).
+    public func rollBackOpenGroup() {
+        try? pool.writeWithoutTransaction { db in if db.isInsideTransaction { try db.execute(sql: "ROLLBACK") } }
+        pending.withLock { $0.clearTransaction() }
+        segmentsRolledBack()
+    }
+
     func droppedTransaction(_ error: StoreError) {
         pending.withLock { $0.clearTransaction() }
         segmentsRolledBack()

@@ -50,6 +50,8 @@ final class Segments: @unchecked Sendable {
         let fd: Int32
         nonisolated(unsafe) let mapped: UnsafeRawPointer?
         let mappedLength: Int64
+        /// The mapping was tried and refused (such a file is read with pread, and never mapped again).
+        let mapFailed: Bool
         /// Read through the mapping since the last drop (`readMapped`).
         let touched = Atomic<Bool>(false)
         init(fd: Int32, length: Int64, maps: Bool) {
@@ -57,6 +59,7 @@ final class Segments: @unchecked Sendable {
             let p = maps && length > 0 ? mmap(nil, Int(length), PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED
             mapped = p == MAP_FAILED ? nil : UnsafeRawPointer(p)
             mappedLength = mapped == nil ? 0 : length
+            mapFailed = maps && length > 0 && mapped == nil
         }
         deinit {
             if let mapped { munmap(UnsafeMutableRawPointer(mutating: mapped), Int(mappedLength)) }
@@ -66,26 +69,40 @@ final class Segments: @unchecked Sendable {
     private let files = Mutex<[Int64: File]>([:])
     /// Reads map segments (the SIGBUS guard is in place).
     private let maps = coffer_mapped_fault_install() == 0
+    /// Bumped by `forget`: a File opened before one is not cached after it (it may be of a file cut or removed since).
+    private let forgets = Atomic<UInt64>(0)
 
-    /// Segment `id` open for reading, its mapping reaching `end` if the file does (a segment that grew since
-    /// it was opened is opened and mapped again; readers of the old one keep it until they let go).
+    /// Segment `id` open for reading, its mapping reaching `end` if the file does: a segment that grew since
+    /// it was mapped is mapped again (through the same open file; readers of the old mapping keep it until
+    /// they let go). Nil when there is no such regular file.
     private func file(_ id: Int64, reaching end: Int64) -> File? {
+        let before = forgets.load(ordering: .acquiring)
         let cached = files.withLock { $0[id] }
-        if let cached, !maps || cached.mappedLength >= end { return cached }
-        guard id > 0 else { return nil }
-        // Non-blocking: a FIFO put there must not hang the reader; only regular files are read.
-        let fd = Glibc.open(path(id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard fd >= 0 else { return cached }
-        var st = stat()
-        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, cached == nil || st.st_size > cached?.mappedLength ?? 0 else {
-            Glibc.close(fd)
-            return cached
+        let opened: File
+        if let cached {
+            guard maps, !cached.mapFailed, cached.mappedLength < end else { return cached }
+            var st = stat()
+            guard fstat(cached.fd, &st) == 0, Int64(st.st_size) > cached.mappedLength else { return cached }
+            let fd = fcntl(cached.fd, F_DUPFD_CLOEXEC, 0)
+            guard fd >= 0 else { return cached }
+            opened = File(fd: fd, length: Int64(st.st_size), maps: true)
+        } else {
+            guard id > 0 else { return nil }
+            // Non-blocking: a FIFO put there must not hang the reader; only regular files are read.
+            let fd = Glibc.open(path(id), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+            guard fd >= 0 else { return nil }
+            var st = stat()
+            guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
+                Glibc.close(fd)
+                return nil
+            }
+            opened = File(fd: fd, length: Int64(st.st_size), maps: maps)
         }
-        let f = File(fd: fd, length: Int64(st.st_size), maps: maps)
         return files.withLock { cache in
-            if let other = cache[id], other.mappedLength >= f.mappedLength { return other }
-            cache[id] = f
-            return f
+            guard forgets.load(ordering: .acquiring) == before else { return opened }
+            if let other = cache[id], other.mappedLength >= opened.mappedLength { return other }
+            cache[id] = opened
+            return opened
         }
     }
 
@@ -153,9 +170,19 @@ final class Segments: @unchecked Sendable {
     }
 
     /// Forgets an open segment (it was removed).
-    func forget(_ id: Int64) { _ = files.withLock { $0.removeValue(forKey: id) } }
+    func forget(_ id: Int64) {
+        files.withLock { cache in
+            forgets.add(1, ordering: .releasing)
+            cache.removeValue(forKey: id)
+        }
+    }
 
-    func forgetAll() { files.withLock { $0.removeAll() } }
+    func forgetAll() {
+        files.withLock { cache in
+            forgets.add(1, ordering: .releasing)
+            cache.removeAll()
+        }
+    }
 
     // MARK: Appending (writer only)
 

@@ -17,7 +17,13 @@ public enum ForeignObjectPolicy: Sendable {
 public struct SchemaObject: Sendable, Equatable, CustomStringConvertible {
     public let type: String
     public let name: String
-    public var description: String { "\(type) \"\(name)\"" }
+    /// The name as a terminal may show it: control characters escaped, at most 64 characters.
+    public var description: String {
+        let shown = name.unicodeScalars.prefix(64).map {
+            $0.properties.generalCategory == .control ? "\\u{\(String($0.value, radix: 16))}" : String($0)
+        }
+        return "\(type) \"\(shown.joined())\(name.unicodeScalars.count > 64 ? "…" : "")\""
+    }
 }
 
 extension SQLiteBackend {
@@ -25,18 +31,24 @@ extension SQLiteBackend {
     static let ownTables: Set<String> = [
         "coffer_meta", "coffer_kinds", "inodes", "dirents", "chunks", "xattrs", "orphans", "chunkmaps", "segments", "coffer_copy"
     ]
-    static let ownIndexes: Set<String> = ["chunks_by_segment"]
+    /// Coffer's one index, as SQLite keeps its statement: one of that name made otherwise (UNIQUE, other
+    /// columns) would change what Coffer's writes do, so it counts as foreign.
+    static let ownIndexes: [String: String] = [
+        "chunks_by_segment": "CREATE INDEX chunks_by_segment ON chunks(seg, off, len) WHERE seg IS NOT NULL"
+    ]
 
     /// Schema objects Coffer does not make. SQLite's own (`sqlite_*`: automatic indexes of the primary
     /// keys, statistics tables) are its own business. Our triggers are TEMP: none lives in the file.
+    /// Columns are cast to text: a hostile schema may hold other types there.
     static func foreignObjects(_ db: Database) throws -> [SchemaObject] {
-        try Row.fetchAll(db, sql: "SELECT type, name, tbl_name FROM main.sqlite_master").compactMap { row in
-            let type = (row[0] as String?) ?? "?"
-            let name = (row[1] as String?) ?? "?"
-            let table = (row[2] as String?) ?? "?"
+        let rows = try Row.fetchAll(
+            db, sql: "SELECT CAST(type AS TEXT), CAST(name AS TEXT), CAST(tbl_name AS TEXT), CAST(sql AS TEXT) FROM main.sqlite_master")
+        return rows.compactMap { row in
+            func text(_ i: Int) -> String { ((try? row.decode(String?.self, atIndex: i)) ?? nil) ?? "?" }
+            let (type, name, table, sql) = (text(0), text(1), text(2), text(3))
             switch type {
             case "table" where ownTables.contains(name) || name.hasPrefix("sqlite_"): return nil
-            case "index" where ownTables.contains(table) && (ownIndexes.contains(name) || name.hasPrefix("sqlite_autoindex_")): return nil
+            case "index" where ownTables.contains(table) && (ownIndexes[name] == sql || name.hasPrefix("sqlite_autoindex_")): return nil
             default: return SchemaObject(type: type, name: name)
             }
         }
@@ -79,9 +91,9 @@ extension SQLiteBackend {
 
     /// The repair's first step (ForeignObjectPolicy.repair), in one transaction: every foreign object is dropped
     /// (dropping fires no trigger; a trigger or index on a foreign table goes with the table, and what is already
-    /// gone is skipped), then every mistyped row, once no trigger can fire: a blob stored as text or a number, or an
-    /// integer stored as a real (truncated, as reads take it), gets its type back unless another row holds that key;
-    /// the rest is dropped. Restored rows are authenticated by the check after the repair, as any row.
+    /// gone is skipped), then every mistyped row, once no trigger can fire: an integer stored as a real (truncated,
+    /// as reads take it) or a blob stored as text gets its type back unless another row holds that key; the rest
+    /// is dropped. Restored rows are authenticated by the check after the repair, as any row.
     func repairStoreFile() throws(StoreError) {
         do {
             try pool.writeWithoutTransaction { db in
@@ -97,9 +109,8 @@ extension SQLiteBackend {
                         for c in t.integers {
                             try db.execute(sql: "UPDATE OR IGNORE \(t.table) SET \(c) = CAST(\(c) AS INTEGER) WHERE typeof(\(c)) = 'real'")
                         }
-                        for c in t.blobs {
-                            try db.execute(
-                                sql: "UPDATE OR IGNORE \(t.table) SET \(c) = CAST(\(c) AS BLOB) WHERE typeof(\(c)) IN ('text', 'integer', 'real')")
+                        for c in t.blobs {  // text keeps its bytes; a number cast would be its decimal digits
+                            try db.execute(sql: "UPDATE OR IGNORE \(t.table) SET \(c) = CAST(\(c) AS BLOB) WHERE typeof(\(c)) = 'text'")
                         }
                         try db.execute(sql: "DELETE FROM \(t.table) WHERE \(Self.mistyped(integers: t.integers, blobs: t.blobs))")
                     }
@@ -118,6 +129,6 @@ extension SQLiteBackend {
             guard lines != ["ok"] else { return [] }
             // A complaint may span lines; the first names the schema ("*** in database main ***").
             return lines.flatMap { $0.split(separator: "\n").map(String.init) }.filter { !$0.hasPrefix("*** ") }
-        } catch { return ["quick_check failed: \(error)"] }
+        } catch { throw .database("SQLite's check of the store file could not run: \(error)") }
     }
 }
