@@ -570,6 +570,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     func forgetCachedRecords() { storeEpoch.add(1, ordering: .acquiringAndReleasing) }
 
     private func commitLocked(durable: Bool) throws(FSError) {
+        // A group the store dropped since the last look is taken in first: its files' cached records would
+        // otherwise be written into the next group, without the entries that went with the dropped one.
+        if let e = rolledBack.withLock({ $0 }) { reloadAfterRollback(e) }
         do {
             for s in inodes.values where s.dirty { try persist(s) }
             // Not reaped yet: the record goes out with an orphan row, for the next mount to remove after a crash.

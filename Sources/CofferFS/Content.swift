@@ -63,9 +63,11 @@ extension CofferFileSystem {
         try checkWriteError(ino)
     }
 
-    /// Reports (once) that changes to this file were lost when the store dropped a group.
+    /// Reports (once) that changes to this file were lost when the store dropped a group; a file that is gone
+    /// with such a group (or removed on another machine) fails every fsync: nothing of it can become durable.
     func checkWriteError(_ ino: InodeNumber) throws(FSError) {
         try meta.withLock { () throws(FSError) in
+            if let s = inodes[ino], s.goneElsewhere, s.writeError == nil { throw FSError(ESTALE) }
             if let s = inodes[ino], let e = s.writeError {
                 s.writeError = nil
                 throw e
@@ -300,7 +302,14 @@ extension CofferFileSystem {
                 guard let tag = ChunkTag(sealed: c.sealed) else { throw FSError.io }
                 if try s.chunkMap.set(c.index, tag, store: store).isHole { added += 1 }
             }
-        } catch { throw fsError(error, "inode \(s.ino)") }
+        } catch {
+            // Some rows may be stored (over older ones) without the map naming them: the group goes, as when
+            // the engine drops it on a full disk (its files' fsyncs report it). A commit of it left rows past
+            // the end of the file, which read as damage once the file grew over them.
+            let e = fsError(error, "inode \(s.ino)")
+            store.dropOpenGroup(error as? StoreError ?? (e == .noSpace ? .diskFull : .database("a write failed half way: \(error)")))
+            throw e
+        }
         return added
     }
 

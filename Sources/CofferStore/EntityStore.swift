@@ -146,6 +146,13 @@ public final class EntityStore: @unchecked Sendable {
         landedGeneration.withLock { $0 = record.generation }
     }
 
+    /// Drops the open group (`StoreBackend.dropOpenGroup`): everything since the last commit is lost, and
+    /// `onRollback` says so.
+    public func dropOpenGroup(_ error: StoreError) {
+        guard backend.hasPendingChanges else { return }  // the engine dropped it already
+        backend.dropOpenGroup(error)
+    }
+
     /// Closes the engine without committing what the open group holds (PostgreSQL rolls back at close).
     public func abandon() {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }

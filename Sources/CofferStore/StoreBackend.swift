@@ -33,6 +33,9 @@ public protocol StoreBackend: AnyObject, Sendable {
     /// (called only when there is something to commit) written in it. With `durable`, returns only once
     /// this commit and every earlier one are on stable storage. True when a transaction was committed.
     func commit(durable: Bool, state: () throws(StoreError) -> [UInt8]) throws(StoreError) -> Bool
+    /// Rolls the open group back and tells `onRollback`, as when the engine drops it: a change was left half
+    /// made (rows stored without the map that names them), and no commit may take it.
+    func dropOpenGroup(_ error: StoreError)
     /// Called when the engine dropped the open transaction by itself, with why.
     var onRollback: (@Sendable (StoreError) -> Void)? { get set }
     var hasPendingChanges: Bool { get }

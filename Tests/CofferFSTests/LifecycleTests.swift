@@ -205,14 +205,19 @@ struct LifecycleTests {
     }
 
     /// A file created in a dropped transaction is gone, though the kernel still holds it (a cached name): opening
-    /// or reading it fails, never gives bytes that are not its own (its size said 4 and a read gave 4 zeros).
+    /// or reading it fails, never gives bytes that are not its own (its size said 4 and a read gave 4 zeros), and
+    /// an fsync through a handle still open fails every time (the second returned 0 and the file was lost).
     @Test func aFileCreatedInADroppedTransactionReadsAsGone() throws {
         let f = try Fixture(chunkSize: 4096, engine: .sqlite)
         defer { f.cleanup() }
         try f.fs.commit()
         let lost = try f.file("lost", b("one\n"))  // created, written and released; the kernel keeps its lookup
+        let (held, h) = try f.create("held")  // still open: its fsync must never say it is durable
+        try f.write(held, h, at: 0, [UInt8](repeating: 7, count: 3000))
         try f.store.sqlite.writer { db in try db.execute(sql: "ROLLBACK") }
         f.store.onRollback?(.diskFull)
+        expectError(FSError.noSpace) { try f.fs.fsync(held, handle: h, dataOnly: false) }
+        expectError(FSError(ESTALE)) { try f.fs.fsync(held, handle: h, dataOnly: false) }
         #expect(try f.list().isEmpty, "the lost file's entry is gone")
         expectError(FSError(ESTALE)) { _ = try f.fs.open(lost, flags: O_RDONLY, caller: caller) }
         expectError(FSError(ESTALE)) { _ = try f.fs.getattr(lost) }

@@ -246,6 +246,9 @@ extension PostgresBackend {
         }
     }
 
+    /// Called with the writer held (inside a batch), as every change is.
+    public func dropOpenGroup(_ error: StoreError) { droppedTransaction(error) }
+
     /// The group is gone: end what is left of it on the server, forget it here, tell the store. A
     /// snapshot (`beginSnapshot`) is gone for good: later reads fail instead of reading outside it.
     func droppedTransaction(_ error: StoreError) {

@@ -93,6 +93,12 @@ extension SQLiteBackend {
         if !db.isInsideTransaction, pending.withLock({ $0.since != nil }) { droppedTransaction(error) }
     }
 
+    public func dropOpenGroup(_ error: StoreError) {
+        let rollback: (Database) throws -> Void = { db in if db.isInsideTransaction { try db.execute(sql: "ROLLBACK") } }
+        if let db = currentBatchDatabase() { try? rollback(db) } else { try? pool.writeWithoutTransaction(rollback) }
+        droppedTransaction(error)
+    }
+
     /// Rolls the open group back without telling anyone: its owner closes the store next (a repair pass that failed).
     public func rollBackOpenGroup() {
         try? pool.writeWithoutTransaction { db in if db.isInsideTransaction { try db.execute(sql: "ROLLBACK") } }

@@ -60,6 +60,9 @@ extension SQLiteBackend {
 
     /// Refuses a store with foreign objects, naming them.
     func refuseForeignObjects() throws(StoreError) {
+        // A database without Coffer's tables is no store at all (the schema check then says so).
+        let ours = try? pool.unsafeRead { try Bool.fetchOne($0, sql: "SELECT 1 FROM main.sqlite_master WHERE name = 'coffer_meta'") }
+        guard ours == true else { return }
         let found = try foreignObjects()
         guard !found.isEmpty else { return }
         let names = found.prefix(5).map(\.description).joined(separator: ", ") + (found.count > 5 ? " and \(found.count - 5) more" : "")
