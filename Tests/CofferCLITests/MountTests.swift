@@ -44,6 +44,34 @@ final class Child: @unchecked Sendable {
 
 @Suite("Mount: lifecycle, failures, mount(8), durability", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"))
 struct MountTests {
+    /// A container directory renamed while mounted keeps working: segment files are reached through the
+    /// directory the mount holds open. By name, a large file's fsync failed ("cannot open segment") and,
+    /// with a new container made under the old name, its content went into that one's segments.
+    @Test func aContainerRenamedWhileMountedKeepsItsSegments() throws {
+        let sb = try Sandbox("renamed")
+        defer { sb.cleanup() }
+        guard sb.isDirectoryContainer else { return }  // a directory's name only
+        try sb.initAndMount()
+        // Small before the move: the segments directory is made after it.
+        let before = E2E.randomBytes(3000), after = E2E.randomBytes(3_000_000)
+        try E2E.write(sb.mnt + "/before.bin", before)
+        let moved = sb.root + "/moved"
+        try #require(rename(sb.container, moved) == 0)
+        try #require(sb.initContainer().ok, "a new container under the old name")
+        try E2E.write(sb.root + "/after.src", after)
+        let synced = E2E.sh("cp '\(sb.root)/after.src' '\(sb.mnt)/after.bin' && sync '\(sb.mnt)/after.bin'")
+        #expect(synced.ok, "\(synced)")
+        #expect(E2E.sh("fusermount3 -u '\(sb.mnt)'").ok)
+        usleep(500_000)  // the daemon ends on its own (its lock is not where `coffer unmount` looks)
+        let m = sb.mount(container: moved)
+        try #require(m.ok, "\(m)")
+        let same = E2E.read(sb.mnt + "/before.bin") == before && E2E.read(sb.mnt + "/after.bin") == after
+        #expect(same, "both files read back from the renamed container")
+        #expect(sb.unmount().ok)
+        let fsck = E2E.coffer(["fsck", moved, "--passfile", sb.passfile], timeout: 120)
+        #expect(fsck.status == 0, "\(fsck)")
+    }
+
     @Test func mountWriteUnmountRemount() throws {
         let sb = try Sandbox("lifecycle")
         defer { sb.cleanup() }

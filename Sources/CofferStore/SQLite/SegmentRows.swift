@@ -144,7 +144,7 @@ extension SQLiteBackend {
         guard last < Int64.max - 1 else { throw StoreError.notAStore("segment ids are exhausted (a damaged store)") }
         let id = last + 1
         // Made with the first segment: a store of small files only has none.
-        if mkdir(segments.directory, 0o700) == 0 { FileIO.fsyncDirectory(of: segments.directory) }
+        segments.makeDirectory()
         try db.execute(sql: "INSERT INTO segments(id, size, live) VALUES (?, 0, 0)", arguments: [id])
         segments.madeInTransaction.append(id)
         try segments.openAppender(id, end: 0, create: true)

@@ -27,12 +27,41 @@ final class Segments: @unchecked Sendable {
     static let writebackStep: Int64 = 1 << 20
 
     let directory: String
+    /// The directory, held open once it exists, and the container directory it is made in, held from the
+    /// start: segments are reached through them (`/proc/self/fd/N`), so a container renamed or moved while
+    /// mounted keeps its segments. By name, appends went to whatever had the old name since (another
+    /// container made there: its `segments`, and the synced data was lost).
+    private let held = Mutex<Int32>(-1)
+    private let parent: Int32
 
-    func path(_ id: Int64) -> String { directory + "/" + String(id) }
+    /// Where segment files are named from: the held directory, else its path.
+    var directoryPath: String {
+        let fd = held.withLock { $0 }
+        return fd >= 0 ? "/proc/self/fd/\(fd)" : directory
+    }
+
+    /// Holds the directory open, if it exists and /proc can name it (once).
+    func holdDirectory() {
+        held.withLock { fd in
+            guard fd < 0, parent >= 0 else { return }
+            let d = openat(parent, Self.directoryName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            if d >= 0 { fd = d }
+        }
+    }
+
+    /// Makes the directory with the first segment (a store of small files only has none), in the held
+    /// container directory; its name is synced before a commit names a segment in it.
+    func makeDirectory() {
+        let made = parent >= 0 ? mkdirat(parent, Self.directoryName, 0o700) == 0 : mkdir(directory, 0o700) == 0
+        if made { _ = parent >= 0 ? fsync(parent) : 0 }
+        holdDirectory()
+    }
+
+    func path(_ id: Int64) -> String { directoryPath + "/" + String(id) }
 
     /// The segment ids in the directory (other names are not ours and are left alone).
     func idsOnDisk() -> [Int64] {
-        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).compactMap { name in
+        ((try? FileManager.default.contentsOfDirectory(atPath: directoryPath)) ?? []).compactMap { name in
             guard let id = Int64(name), String(id) == name else { return nil }
             return id
         }
@@ -236,9 +265,17 @@ final class Segments: @unchecked Sendable {
     init(directory: String) {
         self.directory = directory
         gathered = Mutex(Gathered(bytes: .allocate(byteCount: Self.gatherLength + Self.block, alignment: Self.block)))
+        let container = (directory as NSString).deletingLastPathComponent
+        parent =
+            access("/proc/self/fd", F_OK) == 0 ? Glibc.open(container.isEmpty ? "." : container, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1
+        holdDirectory()
     }
 
-    deinit { gathered.withLock { $0.bytes.deallocate() } }
+    deinit {
+        gathered.withLock { $0.bytes.deallocate() }
+        held.withLock { if $0 >= 0 { Glibc.close($0) } }
+        if parent >= 0 { Glibc.close(parent) }
+    }
 
     /// Opens segment `id` for appending at `end`, cutting off what a crash or a rolled-back transaction
     /// left after it.
@@ -423,7 +460,7 @@ final class Segments: @unchecked Sendable {
     }
 
     /// Allocated bytes of every segment (holes not counted).
-    func allocatedBytes() -> UInt64 { Self.allocatedBytes(directory: directory) }
+    func allocatedBytes() -> UInt64 { Self.allocatedBytes(directory: directoryPath) }
 
     static func allocatedBytes(directory: String) -> UInt64 {
         ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).reduce(0) { total, name in
