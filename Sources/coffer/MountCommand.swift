@@ -138,6 +138,7 @@ struct MountCommand: ParsableCommand {
         let health = MountHealth()
         notifier?.startWatchdog { health.isHealthy() }
         DaemonExit.clearStale()
+        Self.raiseOpenFileLimit()
         do {
             let mount = try prepare(target: t, options: opts, secret: secret, logger: logger, notifier: notifier)
             let where_ = "\(mount.containerRoot) on \(mount.mountpoint)"
@@ -170,6 +171,16 @@ struct MountCommand: ParsableCommand {
             ready?.fail(failure)
             throw ExitCode(failure.code)
         }
+    }
+
+    /// The daemon keeps every segment file it has read open (and mapped): with the usual soft limit of 1,024
+    /// descriptors, a container of more than about 60 GiB of large files would run out, and chunks would read
+    /// as damage. The soft limit goes up to the hard one, as Go programs do.
+    static func raiseOpenFileLimit() {
+        var limit = rlimit()
+        guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
     }
 
     func prepare(target t: Target, options opts: MountOptionSet, secret: SecretOptions, logger: Logger, notifier: ServiceNotifier?) throws

@@ -72,6 +72,24 @@ struct MountTests {
         #expect(fsck.status == 0, "\(fsck)")
     }
 
+    /// The daemon keeps each segment it reads open: it runs with the hard limit of open files, not the soft one.
+    @Test func theDaemonMayOpenAsManyFilesAsTheHardLimitAllows() throws {
+        let sb = try Sandbox("nofile")
+        defer { sb.cleanup() }
+        guard sb.isDirectoryContainer else { return }  // segments are the embedded engine's
+        try #require(sb.initContainer().ok)
+        // Started with a soft limit of 256, as a login shell may give.
+        let m = E2E.sh("ulimit -Sn 256 && '\(E2E.coffer)' mount '\(sb.container)' '\(sb.mnt)' --passfile '\(sb.passfile)'")
+        sb.noteDaemon()
+        try #require(m.ok, "\(m)")
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        let limits = try String(contentsOfFile: "/proc/\(pid)/limits", encoding: .utf8)
+        let line = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max open files") })
+        let numbers = line.split(separator: " ").compactMap { Int($0) }
+        #expect(numbers.count == 2 && numbers[0] == numbers[1], "soft and hard: \(line)")
+        #expect(sb.unmount().ok)
+    }
+
     @Test func mountWriteUnmountRemount() throws {
         let sb = try Sandbox("lifecycle")
         defer { sb.cleanup() }
