@@ -9,6 +9,21 @@ import CofferStoreTestSupport
 
 /// Large chunks in segment files (docs/FORMAT.md, "Segments"): written once, read back as they were
 /// sealed, their space given back after deletes, and what a crash or a rollback left cleaned up.
+/// A store holding, for each of `chunks`, a new file of that many test chunks (`putTestChunks`), committed and
+/// closed: the content ids, in order.
+private func committedStore(in dir: String, chunks: [(count: Int, seed: UInt8)]) throws -> (keys: ContainerKeys, path: String, files: [UInt64]) {
+    let (store, keys, path) = try makeStore(in: dir)
+    var files: [UInt64] = []
+    for c in chunks {
+        let file = try EntityStore.newContentId()
+        try store.putTestChunks(file: file, count: c.count, seed: c.seed, keys: keys)
+        files.append(file)
+    }
+    try store.commit()
+    store.close()
+    return (keys, path, files)
+}
+
 @Suite("Content in segment files")
 struct SegmentTests {
     func segmentFiles(_ path: String) -> [String: Int] {
@@ -275,13 +290,8 @@ struct SegmentTests {
     /// listed as freed, so the committed chunks after it in the segment are not punched out.
     @Test func aDamagedLengthPunchesNothingElse() throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
-            let before = try EntityStore.newContentId(), victim = try EntityStore.newContentId(), after = try EntityStore.newContentId()
-            try store.putTestChunks(file: before, count: 2, seed: 1, keys: keys)
-            try store.putTestChunks(file: victim, count: 1, seed: 2, keys: keys)
-            try store.putTestChunks(file: after, count: 3, seed: 3, keys: keys)
-            try store.commit()
-            store.close()
+            let (keys, path, files) = try committedStore(in: dir, chunks: [(2, 1), (1, 2), (3, 3)])
+            let (before, victim, after) = (files[0], files[1], files[2])
             try editStoreFile(path, "UPDATE chunks SET len = ? WHERE file = ?", [40 << 20, Int64(victim)])
 
             let reopened = try EntityStore.open(at: path, keys: keys)
@@ -297,12 +307,8 @@ struct SegmentTests {
     /// it punches nothing a committed row still names, so the other file reads back.
     @Test func aRowNamingAnotherChunkPunchesNothingOfIt() throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
-            let liar = try EntityStore.newContentId(), victim = try EntityStore.newContentId()
-            try store.putTestChunks(file: liar, count: 2, seed: 1, keys: keys)
-            try store.putTestChunks(file: victim, count: 2, seed: 2, keys: keys)
-            try store.commit()
-            store.close()
+            let (keys, path, files) = try committedStore(in: dir, chunks: [(2, 1), (2, 2)])
+            let (liar, victim) = (files[0], files[1])
             try editStoreFile(
                 path, "UPDATE chunks SET off = (SELECT off FROM chunks WHERE file = ? AND idx = 1) WHERE file = ? AND idx = 0",
                 [Int64(bitPattern: victim), Int64(bitPattern: liar)])
@@ -320,13 +326,8 @@ struct SegmentTests {
     /// counts nor keeps the store from opening, and its delete goes through.
     @Test func damagedSegmentColumnsCostNoOtherChunk() throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
-            let kept = try EntityStore.newContentId(), odd = try EntityStore.newContentId(), null = try EntityStore.newContentId()
-            try store.putTestChunks(file: kept, count: 3, seed: 4, keys: keys)
-            try store.putTestChunks(file: odd, count: 1, seed: 5, keys: keys)
-            try store.putTestChunks(file: null, count: 1, seed: 6, keys: keys)
-            try store.commit()
-            store.close()
+            let (keys, path, files) = try committedStore(in: dir, chunks: [(3, 4), (1, 5), (1, 6)])
+            let (kept, odd, null) = (files[0], files[1], files[2])
             try editStoreFile(path, "UPDATE chunks SET len = ? WHERE file = ?", [Int64.max, Int64(bitPattern: odd)])
             try editStoreFile(path, "UPDATE chunks SET len = NULL WHERE file = ?", [Int64(bitPattern: null)])
             var reopened = try EntityStore.open(at: path, keys: keys)
@@ -349,11 +350,8 @@ struct SegmentTests {
     /// missing: that chunk fails authentication, nothing else is affected.
     @Test func tamperedSegmentsFailAuthentication() throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
-            let file = try EntityStore.newContentId()
-            try store.putTestChunks(file: file, count: 4, seed: 1, keys: keys)
-            try store.commit()
-            store.close()
+            let (keys, path, files) = try committedStore(in: dir, chunks: [(4, 1)])
+            let file = files[0]
             let segment = (path as NSString).deletingLastPathComponent + "/segments/1"
             let queue = try DatabaseQueue(path: path)
             let offsets = try queue.read { db in
@@ -398,11 +396,8 @@ struct SegmentTests {
     /// reads as damage where it was cut, never as a crash (SIGBUS) and never as other bytes; what is left reads.
     @Test func aSegmentCutWhileMappedReadsAsDamage() throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
-            let file = try EntityStore.newContentId()
-            try store.putTestChunks(file: file, count: 4, seed: 1, keys: keys)
-            try store.commit()
-            store.close()
+            let (keys, path, files) = try committedStore(in: dir, chunks: [(4, 1)])
+            let file = files[0]
             let reading = try EntityStore.open(at: path, keys: keys, readOnly: true)
             defer { reading.close() }
             let cipher = try reading.contentCipher(contentId: file)
@@ -425,11 +420,8 @@ struct SegmentTests {
     /// instead of hanging the reader.
     @Test func hostileSegmentFilesAreRefusedOrReadAsDamaged() throws {
         try withTempDir { dir in
-            let (store, keys, path) = try makeStore(in: dir)
-            let file = try EntityStore.newContentId()
-            try store.putTestChunks(file: file, count: 2, seed: 1, keys: keys)
-            try store.commit()
-            store.close()
+            let (keys, path, files) = try committedStore(in: dir, chunks: [(2, 1)])
+            let file = files[0]
             let segments = dir + "/segments"
             unlink(segments + "/1")
             #expect(mkfifo(segments + "/1", 0o600) == 0)
