@@ -442,6 +442,13 @@ final class ModelRun {
         case let .open(rel, _, _), let .writePath(rel, _, _, _), let .truncate(rel, _):
             unpin(parent(rel))
             unpin(rel)
+            // Through a symbolic link, O_CREAT makes the file in the directory of the link's target.
+            if after, let target = realpath(full(1, rel), nil) {
+                defer { free(target) }
+                unpin(
+                    String(cString: target).replacingOccurrences(of: full(1, ""), with: "", options: .anchored).split(separator: "/").dropLast()
+                        .joined(separator: "/"))
+            }
         case let .pwrite(slot, _, _), let .ftruncate(slot, _):
             var st = stat()
             if fstat(fds[slot].fd[1], &st) == 0 { pinned.remove(UInt64(st.st_ino)) }
