@@ -25,6 +25,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         /// ... or once this many bytes are waiting (embedded stores: a little less than the SQLite writer's
         /// page cache, SQLiteBackend.writerCacheKiB; PostgreSQL mounts take 16 MiB).
         public var commitVolume = 8 << 20
+        /// Small files' last chunks wait in memory (`TailChunk`) for at most this many bytes written into
+        /// them; past it they are stored before the commit (`storeHeldTailsIfMany`).
+        public var heldTailVolume = 4 << 20
         /// A coherent mount beside others commits its open group this soon (other mounts' listings
         /// show its changes once committed).
         public var sharedCommitInterval: Duration = .milliseconds(50)
@@ -67,6 +70,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Counts the store's changes by other mounts (`EntityStore.onForeignChange`): a record read
     /// before the last one is read again before use (`state`). Only coherent mounts count.
     let storeEpoch = Atomic<UInt64>(0)
+    /// Files whose last chunk waits in memory, and the bytes written into such chunks since they were
+    /// last stored (TailChunk.swift). Under meta.
+    var heldTails: [InodeState] = []
+    var heldTailBytes = 0
+    /// `heldTailBytes` in 256 KiB steps when the disk was last looked at for them.
+    var heldTailsProbed = 0
     /// Coherent mounts: inodes written since the last durable commit (a server crash may take them).
     /// Under meta.
     var writtenSinceDurable = Set<InodeNumber>()
@@ -305,6 +314,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         // Names read before (even a listing still running) may be the dropped group's: a new epoch ends
         // every mark taken before it.
         entryCache.clear()
+        forgetHeldTails()  // dropped with the chunk maps below
         if options.coherent { forgetCachedRecords() }
         logger.error("the store dropped uncommitted changes (\(error)); writes since the last commit are lost and fsync reports it")
         for (ino, s) in inodes {
@@ -577,6 +587,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             for s in inodes.values where s.dirty { try persist(s) }
             // Not reaped yet: the record goes out with an orphan row, for the next mount to remove after a crash.
             for s in dying.values where s.dirty { try persist(s) }
+            forgetHeldTails()  // every tail was stored with its dirty file
             try store.commit(durable: durable)
             applyLostCommits()  // heard at this group's begin: its files were marked before they were written again
             if durable { writtenSinceDurable.removeAll() }

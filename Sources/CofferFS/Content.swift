@@ -252,6 +252,7 @@ extension CofferFileSystem {
                 let index = fitsTail(start: start, end: end, newSize: max(s.record.size, end))
                 if let index, s.tail?.index == index {
                     s.tail?.merge(data, at: Int(start - index * UInt64(chunkSize)))
+                    heldTailBytes += data.count
                     recordWrite(s, end: end, addedChunks: 0)
                     return (start, s.record.size, .done)
                 }
@@ -274,6 +275,8 @@ extension CofferFileSystem {
                 tail.merge(data, at: Int(start - chunkStart))
                 meta.withLock {
                     s.tail = tail
+                    heldTails.append(s)
+                    heldTailBytes += tail.bytes.count
                     recordWrite(s, end: start + UInt64(data.count), addedChunks: isNew ? 1 : 0)
                 }
             case .seal(let content):
@@ -286,6 +289,7 @@ extension CofferFileSystem {
                 }
             }
         }
+        try storeHeldTailsIfMany()
         try commitIfDue()
         return data.count
     }

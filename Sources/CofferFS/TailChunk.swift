@@ -1,7 +1,8 @@
 import CofferStore
 
 /// A file's last chunk, partly written, kept in plaintext until it is read there, truncated, written
-/// elsewhere, or the group commits (or the kernel forgets the file). Small appends (tar writes 10 KiB records)
+/// elsewhere, the group commits, the kernel forgets the file, or the tails held hold too much
+/// (`storeHeldTailsIfMany`). Small appends (tar writes 10 KiB records)
 /// then cost one seal and one row write per chunk instead of a read-modify-write per record.
 /// Guarded by `meta`, like the rest of `InodeState`; changed only with the content lock held.
 struct TailChunk {
@@ -35,5 +36,42 @@ extension CofferFileSystem {
         do { sealed = try s.cipher(store).seal(tail.bytes, index: tail.index) } catch { throw fsError(error, "inode \(s.ino)") }
         _ = try storeChunks(s, [(tail.index, sealed)])
         s.tail = nil
+    }
+
+    /// Stores every tail held once more than `Options.heldTailVolume` bytes were written into tails
+    /// since the last time. Small files written faster than groups commit would otherwise pile up in
+    /// memory (a second of them is tens of MiB), unseen by the group's volume and free-space checks
+    /// (`EntityStore.isCommitDue`): on a nearly full disk the commit then found no room for any of
+    /// them and the whole group went, the directory made for them included. Stored, they count
+    /// toward the group, which commits in steps as the disk fills. A file dropped from memory since
+    /// (a reread record) is skipped: its tail went with it.
+    func storeHeldTailsIfMany() throws(FSError) {
+        try meta.withLock { () throws(FSError) in
+            guard heldTailBytes >= options.heldTailVolume || isShortOfSpaceForTails() else { return }
+            let tails = heldTails
+            forgetHeldTails()
+            for (i, s) in tails.enumerated() where inodes[s.ino] === s {
+                do throws(FSError) { try flushTail(s) } catch {
+                    heldTails = Array(tails[(i + 1)...])
+                    throw error
+                }
+            }
+        }
+    }
+
+    /// The tails held were stored or dropped (call under meta).
+    func forgetHeldTails() {
+        heldTails.removeAll()
+        heldTailBytes = 0
+        heldTailsProbed = 0
+    }
+
+    /// On a disk running low, tails are stored every 256 KiB, so that the group that finds the disk
+    /// full holds little. The disk is looked at once per 256 KiB held (call under meta).
+    private func isShortOfSpaceForTails() -> Bool {
+        let step = heldTailBytes >> 18
+        guard step > heldTailsProbed else { return false }
+        heldTailsProbed = step
+        return store.isLowOnSpace()
     }
 }

@@ -747,6 +747,46 @@ struct MountTests {
         }
     }
 
+    /// Small files written without fsync into a new directory until the disk is full (cp -r, tar): the
+    /// disk's room is what decides when the writes fail, and the files written before, the directory
+    /// with them, are still there. Before, every file's bytes waited in the daemon's memory for the group
+    /// commit: a second of files, far more than the disk held, was accepted, then the commit found no
+    /// room and the whole group went, the directory included.
+    @Test func smallFilesUntilTheDiskIsFullKeepWhatWasWrittenBefore() throws {
+        try onASmallDisk("fullsmall") { sb, _, keep in
+            let fill = E2E.py(
+                #"""
+                import errno, os, sys
+                d = os.path.join(sys.argv[1], 'd')
+                os.mkdir(d)
+                written = 0
+                for i in range(3000):
+                    try:
+                        with open(os.path.join(d, 'f%d' % i), 'wb') as f:
+                            f.write(bytes([i % 251]) * 20000)
+                        written += 1
+                    except OSError as e:
+                        if e.errno != errno.ENOSPC:
+                            print('unexpected', e); sys.exit(3)
+                        break
+                print(written)
+                """#, [sb.mnt])
+            let written = Int(fill.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+            try #require(fill.ok && written != nil, "\(fill)")
+            let n = written ?? 0
+            // 24 MiB, of which keep.bin and the 8 MiB reserve take 11: about 650 such files fit.
+            #expect(n < 1000, "the writes fail once the disk is full, not later: \(n) files of 20,000 bytes accepted")
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: sb.mnt + "/d")) ?? []
+            #expect(names.count >= n * 9 / 10, "the files written before the disk filled are there: \(names.count) of \(n)")
+            let wrong = names.filter { name in
+                guard let i = Int(name.dropFirst()) else { return true }
+                return E2E.read(sb.mnt + "/d/" + name) != [UInt8](repeating: UInt8(i % 251), count: 20000)
+            }
+            #expect(wrong.isEmpty, "every file there reads back: \(wrong.prefix(5))")
+            #expect(E2E.read(sb.mnt + "/keep.bin") == keep, "synced data is intact")
+        }
+    }
+
     /// A large file written a MiB at a time, each fsynced, until the disk is full: the write that fails
     /// leaves nothing behind. Its rows went into the group without the chunk map naming them, were
     /// committed at the unmount, and fsck found them past the end of the file (reads there gave EIO once

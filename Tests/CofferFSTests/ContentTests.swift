@@ -617,6 +617,34 @@ struct TailChunkTests {
         #expect(try f.fs.getattr(ino).blocks == UInt64((model.count + 511) / 512))
     }
 
+    /// Many small files written faster than groups commit: their tails are stored once they hold more
+    /// than `heldTailVolume`, so memory stays bounded and the group's volume sees them. Before, every
+    /// tail waited for the commit (tens of MiB a second of small files, all lost at once when the
+    /// commit found a full disk).
+    @Test func tailsOfManySmallFilesAreStoredBeforeTheCommit() throws {
+        var options = CofferFileSystem.Options()
+        options.heldTailVolume = 64 << 10
+        options.commitInterval = .seconds(3600)
+        let f = try Fixture(chunkSize: 32768, options: options)
+        defer { f.cleanup() }
+        var g = SplitMix64(seed: 0x7A115)
+        var files: [(InodeNumber, [UInt8])] = []
+        for i in 0..<60 {
+            let (ino, h) = try f.create("small\(i)")
+            let data = g.bytes(10000)
+            try f.write(ino, h, at: 0, data)
+            files.append((ino, data))
+            let held = f.fs.meta.withLock { f.fs.heldTailBytes }
+            #expect(held < options.heldTailVolume + 10000, "tails held after file \(i): \(held) bytes")
+        }
+        let stored = try files.filter { !(try f.store.chunkIndices(file: try required(f.contentId($0.0))).isEmpty) }.count
+        #expect(stored >= 50, "the tails of all but the last few files are stored before any commit: \(stored) of 60")
+        for (ino, data) in files { #expect(try f.contents(ino) == data) }
+        try f.fs.commit()
+        try f.crashAndRemount()
+        for (ino, data) in files { #expect(try f.contents(ino) == data) }
+    }
+
     @Test func groupCommitSealsTheTailOfAnOpenFile() throws {
         let f = try Fixture(chunkSize: 32768)
         defer { f.cleanup() }
