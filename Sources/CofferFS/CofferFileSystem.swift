@@ -317,12 +317,19 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         forgetHeldTails()  // dropped with the chunk maps below
         if options.coherent { forgetCachedRecords() }
         logger.error("the store dropped uncommitted changes (\(error)); writes since the last commit are lost and fsync reports it")
+        // A server that cannot be reached is not asked again for every cached inode: each read would wait
+        // the whole reconnect bound, with `meta` held (an unmount waited that long per inode).
+        var unreachable = false
         for (ino, s) in inodes {
             if s.dirty { s.writeError = error }
             s.dropChunkMap()
             let stored: InodeRecord?
             var unread = false
-            do { stored = try store.inode(ino) } catch {
+            do throws(StoreError) {
+                if unreachable { throw .unavailable("not asked again") }
+                stored = try store.inode(ino)
+            } catch {
+                if case .unavailable = error { unreachable = true }
                 // The store cannot be read now (a lost server): nothing is known to be gone. A coherent
                 // mount rereads the record at its next use; this one is not to be written.
                 if options.coherent {
@@ -354,7 +361,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         // anew); one the store holds without links (an orphan) stays dying; one created in the lost
         // transaction is gone.
         for (ino, s) in dying {
-            if let r = try? store.inode(ino), r.nlink == 0 {
+            if !unreachable, let r = try? store.inode(ino), r.nlink == 0 {
                 s.record = r
                 s.dirty = false
                 s.deleted = false
