@@ -76,6 +76,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     var heldTailBytes = 0
     /// `heldTailBytes` in 256 KiB steps when the disk was last looked at for them.
     var heldTailsProbed = 0
+    /// When writes last looked at the disk's room (RoomCheck.swift).
+    let roomCheck = Mutex(RoomCheck())
     /// Coherent mounts: inodes written since the last durable commit (a server crash may take them).
     /// Under meta.
     var writtenSinceDurable = Set<InodeNumber>()

@@ -234,6 +234,7 @@ extension CofferFileSystem {
         }
         guard s.isRegular else { throw .invalid }
         guard !data.isEmpty else { return 0 }
+        try checkRoom(for: data.count)
         try s.content.withWriteLock { () throws(FSError) in
             enum Plan {
                 case done

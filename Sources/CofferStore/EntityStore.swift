@@ -329,6 +329,8 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     public func isLowOnSpace() -> Bool { backend.isLowOnSpace() }
+    /// Bytes new content may still take on the disk (nil: the engine cannot tell).
+    public func roomForContent() -> Int64? { backend.roomForContent() }
 
     /// Gives free space back to the disk, a piece at a time (SQLite: FreePages.swift).
     public func giveBackFreePages(limit: Int = 32) throws(StoreError) -> Int { try backend.reclaimSpace(limit: limit) }

@@ -242,6 +242,12 @@ extension SQLiteBackend {
         return isLowOnSpace() && Int64(deletes) * Int64(pageSize) >= room / 2
     }
 
+    /// Free space less the released reserve (owed to deletes and checkpoints) and the rows waiting in the
+    /// open group (they need WAL room at its commit).
+    public func roomForContent() -> Int64? {
+        freeSpace() - (reserve?.owed ?? 0) - Int64(pending.withLock { $0.bytes })
+    }
+
     /// Bytes available to us on the container's disk.
     func freeSpace() -> Int64 {
         var st = statvfs()
