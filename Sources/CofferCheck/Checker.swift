@@ -184,14 +184,14 @@ public final class Checker {
             let known = hint.map { ", last known as \"\(String(decoding: $0, as: UTF8.self))\"" } ?? ""
             problems.append(
                 Problem(
-                    .unreachable, path: walk.paths[ino], inode: ino, "a \(kind) no entry reaches from the root\(known)",
+                    .unreachable, path: walk.path(ino), inode: ino, "a \(kind) no entry reaches from the root\(known)",
                     repair: "link it into /lost+found"))
             plan.lostFoundLinks.append(LostFoundLink(ino: ino, nameHint: hint, isDirectory: Self.isDirectory(r)))
         }
         for (parent, n) in damagedEntries.sorted(by: { $0.key < $1.key }) {
             problems.append(
                 Problem(
-                    .entryDamaged, path: walk.paths[parent] ?? (parent == EntityStore.rootInode ? "/" : nil), inode: parent,
+                    .entryDamaged, path: walk.path(parent) ?? (parent == EntityStore.rootInode ? "/" : nil), inode: parent,
                     "\(n) entr\(n == 1 ? "y" : "ies") of this directory fail\(n == 1 ? "s" : "") authentication (name unknown)",
                     repair: "drop the entries; what they named goes to /lost+found"))
         }
@@ -211,7 +211,7 @@ public final class Checker {
             if r.nlink != expected && !(plan.recreateRoot && id == EntityStore.rootInode) {
                 problems.append(
                     Problem(
-                        .nlinkWrong, path: walk.paths[id], inode: id, "link count is \(r.nlink), the tree has \(expected)",
+                        .nlinkWrong, path: walk.path(id), inode: id, "link count is \(r.nlink), the tree has \(expected)",
                         repair: "set it to \(expected)"))
             }
         }
@@ -238,7 +238,7 @@ public final class Checker {
                 plan.deleteXattrRows.append((row.inode, row.tag))
                 problems.append(
                     Problem(
-                        .xattrDamaged, path: walk.paths[row.inode], inode: row.inode,
+                        .xattrDamaged, path: walk.path(row.inode), inode: row.inode,
                         "an extended attribute fails authentication (name unknown)", repair: "drop the attribute"))
             }
         }
@@ -263,12 +263,12 @@ public final class Checker {
         for (id, r) in records.sorted(by: { $0.key < $1.key }) where Self.isRegular(r) && r.contentId != 0 {
             owned.insert(r.contentId)
             if orphans.contains(id) && r.nlink == 0 { continue }
-            let outcome = try contentCheck.check(ino: id, record: r, path: walk.paths[id], pages: pages[r.contentId] ?? [:])
+            let outcome = try contentCheck.check(ino: id, record: r, path: { walk.path(id) }, pages: pages[r.contentId] ?? [:])
             problems += outcome.problems
             if let fix = outcome.fix {
                 plan.contentFixes[id] = fix
                 if !fix.lost.isEmpty && !lostRootSet.contains(id) {
-                    let base = walk.paths[id].flatMap { $0.split(separator: "/").last }.map { Array($0.utf8) }
+                    let base = walk.path(id).flatMap { $0.split(separator: "/").last }.map { Array($0.utf8) }
                     plan.lostFoundLinks.append(LostFoundLink(ino: id, nameHint: base, isDirectory: false))
                 }
             }

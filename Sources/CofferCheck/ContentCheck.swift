@@ -26,7 +26,9 @@ struct ContentCheck {
         var fix: ContentFix?
     }
 
-    mutating func check(ino: UInt64, record r: InodeRecord, path: String?, pages: [UInt64: ChunkMapRow]) throws -> Outcome {
+    /// `path` is asked only when a problem is reported (a file's path costs its depth to build).
+    mutating func check(ino: UInt64, record r: InodeRecord, path shownPath: () -> String?, pages: [UInt64: ChunkMapRow]) throws -> Outcome {
+        lazy var path = shownPath()
         var out = Outcome()
         func problem(_ kind: ProblemKind, _ detail: String, _ repair: String) {
             out.problems.append(Problem(kind, path: path, inode: ino, detail, repair: repair))

@@ -3,7 +3,8 @@ import Glibc
 
 /// The directory tree as the entries make it: walked from the root (and then from each unreachable
 /// inode) with an explicit stack, so a hostile deep or cyclic tree neither overflows nor loops.
-/// Builds the paths problems are reported with and the link counts the tree implies.
+/// Keeps where each inode was reached, for the paths problems are reported with, and the link counts
+/// the tree implies.
 struct TreeWalk {
     let records: [UInt64: InodeRecord]
     let damaged: Set<UInt64>
@@ -12,7 +13,9 @@ struct TreeWalk {
     private(set) var reached = Set<UInt64>()
     private var visitedDirectories = Set<UInt64>()
     private var parentOf: [UInt64: UInt64] = [:]
-    private(set) var paths: [UInt64: String] = [:]
+    /// Where each inode was first reached: a path is built from it only for what a report names (every
+    /// path kept as a string cost depth² bytes: a chain of 40,000 directories took fsck past 24 GB).
+    private var places: [UInt64: Place] = [:]
     /// Files: entries naming them; directories: 2 + subdirectories.
     private(set) var links: [UInt64: UInt32] = [:]
     private(set) var problems: [Problem] = []
@@ -24,6 +27,39 @@ struct TreeWalk {
     private(set) var lostFound: UInt64?
 
     static let lostFoundName = Array("lost+found".utf8)
+
+    private enum Place {
+        /// Where a walk started: "" for the root, a label for an unreachable inode.
+        case start(String)
+        case entry(parent: UInt64, name: [UInt8])
+    }
+
+    /// The path `ino` was first reached by (nil: not reached).
+    func path(_ ino: UInt64) -> String? {
+        var names: [[UInt8]] = []
+        var x = ino
+        // Each step goes to a place reached earlier, so this ends; the bound guards the reasoning.
+        while names.count <= places.count, let place = places[x] {
+            switch place {
+            case .start(let label):
+                if names.isEmpty { return label.isEmpty ? "/" : label }
+                return names.reversed().reduce(into: label) { path, name in
+                    path += "/"
+                    path += String(decoding: name, as: UTF8.self)
+                }
+            case .entry(let parent, let name):
+                names.append(name)
+                x = parent
+            }
+        }
+        return nil
+    }
+
+    /// The path of entry `name` of directory `dir`.
+    private func path(_ dir: UInt64, _ name: [UInt8]) -> String {
+        let d = path(dir) ?? "?"
+        return (d == "/" ? "" : d) + "/" + String(decoding: name, as: UTF8.self)
+    }
 
     init(records: [UInt64: InodeRecord], damaged: Set<UInt64>, groups: [UInt64: [Checker.Entry]]) {
         self.records = records
@@ -37,13 +73,13 @@ struct TreeWalk {
         visitedDirectories.insert(start)
         reached.insert(start)
         links[start] = 2
-        paths[start] = path.isEmpty ? "/" : path
-        var stack: [(UInt64, String)] = [(start, path)]
-        while let (dir, dirPath) = stack.popLast() {
+        places[start] = .start(path)
+        var stack: [UInt64] = [start]
+        while let dir = stack.popLast() {
             let entries = (groups[dir] ?? []).sorted { $0.record.name.lexicographicallyPrecedes($1.record.name) }
             for e in entries {
-                let childPath = dirPath + "/" + String(decoding: e.record.name, as: UTF8.self)
                 let target = e.record.ino
+                var childPath: String { self.path(dir, e.record.name) }
                 if damaged.contains(target) {
                     problems.append(
                         Problem(
@@ -68,7 +104,7 @@ struct TreeWalk {
                             cycle ? .cycle : .directoryLinkedTwice, path: childPath, inode: target,
                             cycle
                                 ? "the entry names a directory above it (a cycle)"
-                                : "a second entry for a directory already reached as \(paths[target] ?? "?")",
+                                : "a second entry for a directory already reached as \(self.path(target) ?? "?")",
                             repair: "drop this entry"))
                     dropEntries.append((e.row.parentTag, e.row.tag))
                     continue
@@ -89,13 +125,13 @@ struct TreeWalk {
                     parentOf[target] = dir
                     links[dir, default: 2] += 1
                     links[target] = 2
-                    paths[target] = childPath
+                    places[target] = .entry(parent: dir, name: e.record.name)
                     if dir == EntityStore.rootInode && e.record.name == Self.lostFoundName { lostFound = target }
-                    stack.append((target, childPath))
+                    stack.append(target)
                 } else {
                     links[target, default: 0] += 1
                     reached.insert(target)
-                    if paths[target] == nil { paths[target] = childPath }
+                    if places[target] == nil { places[target] = .entry(parent: dir, name: e.record.name) }
                 }
             }
         }
@@ -119,7 +155,7 @@ struct TreeWalk {
                     walk(from: ino, path: label)
                 } else {
                     reached.insert(ino)
-                    paths[ino] = label
+                    places[ino] = .start(label)
                     links[ino] = 0
                 }
             }

@@ -71,6 +71,28 @@ import CofferStoreTestSupport
         #expect(attr.nlink == 2)
     }
 
+    /// A chain of 40,000 directories with a damaged file at the bottom: the check names the file's whole
+    /// path and keeps no path it does not report. It kept every directory's path as a string: depth²
+    /// bytes, 24 GB and an out-of-memory kill at this depth (`coffer fsck` of such a container).
+    @Test func aVeryDeepTreeIsCheckedWithoutKeepingItsPaths() throws {
+        let fx = try CheckFixture()
+        defer { fx.cleanup() }
+        let name = String(repeating: "d", count: 50)
+        var dir = rootIno
+        for _ in 0..<40_000 { dir = try fx.mkdir(name, in: dir) }
+        var g = SplitMix64(seed: 3)
+        let ino = try fx.file("deep.bin", in: dir, g.bytes(3 * Self.chunk))
+        fx.unmount()
+        let file = try required(try fx.edit { try $0.inode(ino)?.contentId })
+        try fx.edit { try $0.execute("DELETE FROM chunks WHERE file = \(Int64(bitPattern: file)) AND idx = 1") }
+
+        let r = try fx.check()
+        let expected = String(repeating: "/" + name, count: 40_000) + "/deep.bin"
+        #expect(has(r, .chunkMissing, path: expected, inode: ino), "\(kinds(r))")
+        #expect(r.problems.count == 1, "\(kinds(r))")
+        #expect(r.counts.directories == 40_001)
+    }
+
     @Test func olderChunkPutBackIsReported() throws {
         let fx = try CheckFixture()
         defer { fx.cleanup() }
