@@ -55,12 +55,10 @@ extension PostgresBackend {
         }
     }
     public func putInode(_ id: UInt64, sealed: [UInt8]) throws(StoreError) {
-        try later(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count)
-        pending.withLock { _ = $0.inodes.insert(id) }
+        try later(sql.putInode, [Self.id(id), .bytea(sealed)], bytes: sealed.count, inode: id)
     }
     public func deleteInode(_ id: UInt64) throws(StoreError) {
-        try later(sql.deleteInode, [Self.id(id)])
-        pending.withLock { _ = $0.inodes.insert(id) }
+        try later(sql.deleteInode, [Self.id(id)], inode: id)
     }
 
     // MARK: Directory entries

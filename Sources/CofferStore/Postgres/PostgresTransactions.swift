@@ -34,11 +34,13 @@ extension PostgresBackend {
 
     /// A write nothing waits for the answer of (a record put, a delete): queued in the open group and
     /// sent with the next statement's round trip or the commit's. Its failure drops the group there.
-    func later(_ statement: String, _ params: [PGValue], bytes: Int = 0, file: UInt64? = nil) throws(StoreError) {
+    /// `inode`: the inode record it writes or deletes, which the commit's notification names.
+    func later(_ statement: String, _ params: [PGValue], bytes: Int = 0, file: UInt64? = nil, inode: UInt64? = nil) throws(StoreError) {
         try write(bytes: bytes, file: file, queueing: true) { _ in
             pending.withLock { p in
                 p.queued.append(PGStatement(statement, params, prepared: true))
                 p.queuedBytes += bytes
+                if let inode { p.inodes.insert(inode) }  // named in the commit's notification
             }
         }
     }
