@@ -26,7 +26,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         /// page cache, SQLiteBackend.writerCacheKiB; PostgreSQL mounts take 16 MiB).
         public var commitVolume = 8 << 20
         /// Small files' last chunks wait in memory (`TailChunk`) for at most this many bytes written into
-        /// them; past it they are stored before the commit (`storeHeldTailsIfMany`).
+        /// them; past it they are stored before the commit (`storeHeldTails`).
         public var heldTailVolume = 4 << 20
         /// A coherent mount beside others commits its open group this soon (other mounts' listings
         /// show its changes once committed).

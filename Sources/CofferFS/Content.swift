@@ -52,8 +52,8 @@ extension CofferFileSystem {
         }
     }
 
-    /// Nothing to do: no handle was handed out. A file's plaintext tail goes at the group commit or
-    /// the forget; an unlinked file goes with the kernel's forget.
+    /// Nothing to do: no handle was handed out. A file's plaintext tail goes at the group commit, the
+    /// forget or a sweep of the tails held (`storeHeldTails`); an unlinked file goes with the kernel's forget.
     public func release(_ ino: InodeNumber, handle: HandleID) {}
 
     /// Durable once it returns: the group transaction, with this file in it, is committed.
@@ -235,6 +235,7 @@ extension CofferFileSystem {
         guard s.isRegular else { throw .invalid }
         guard !data.isEmpty else { return 0 }
         try checkRoom(for: data.count)
+        var sweep = false
         try s.content.withWriteLock { () throws(FSError) in
             enum Plan {
                 case done
@@ -254,6 +255,7 @@ extension CofferFileSystem {
                 if let index, s.tail?.index == index {
                     s.tail?.merge(data, at: Int(start - index * UInt64(chunkSize)))
                     heldTailBytes += data.count
+                    sweep = heldTailsDue()
                     recordWrite(s, end: end, addedChunks: 0)
                     return (start, s.record.size, .done)
                 }
@@ -278,6 +280,7 @@ extension CofferFileSystem {
                     s.tail = tail
                     heldTails.append(s)
                     heldTailBytes += tail.bytes.count
+                    sweep = heldTailsDue()
                     recordWrite(s, end: start + UInt64(data.count), addedChunks: isNew ? 1 : 0)
                 }
             case .seal(let content):
@@ -290,7 +293,7 @@ extension CofferFileSystem {
                 }
             }
         }
-        try storeHeldTailsIfMany()
+        if sweep { try storeHeldTails() }
         try commitIfDue()
         return data.count
     }

@@ -18,6 +18,8 @@ extension CofferFileSystem {
     /// saw 87 of every 88 small files accepted and lost. Looks at the disk once per 100 ms or 16 MiB
     /// written while it is roomy (`EntityStore.isLowOnSpace`), at every write while it is low.
     func checkRoom(for count: Int) throws(FSError) {
+        // Engines with a disk of their own only; a coherent mount's change must not commit its group.
+        guard !options.coherent else { return }
         let due = roomCheck.withLock { c -> Bool in
             c.bytesSince += count
             guard c.low || c.bytesSince >= 16 << 20 || ContinuousClock.now - c.at >= .milliseconds(100) else { return false }
@@ -37,7 +39,7 @@ extension CofferFileSystem {
     }
 
     private func hasRoom(for count: Int) -> Bool {
-        guard let room = store.roomForContent() else { return true }
+        guard let room = store.roomForContent(count) else { return true }
         return Int64(count + meta.withLock { heldTailBytes }) + Self.roomMargin <= room
     }
 }

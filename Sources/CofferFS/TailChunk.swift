@@ -2,9 +2,10 @@ import CofferStore
 
 /// A file's last chunk, partly written, kept in plaintext until it is read there, truncated, written
 /// elsewhere, the group commits, the kernel forgets the file, or the tails held hold too much
-/// (`storeHeldTailsIfMany`). Small appends (tar writes 10 KiB records)
+/// (`storeHeldTails`). Small appends (tar writes 10 KiB records)
 /// then cost one seal and one row write per chunk instead of a read-modify-write per record.
-/// Guarded by `meta`, like the rest of `InodeState`; changed only with the content lock held.
+/// Guarded by `meta`, like the rest of `InodeState`. A write sets it with the content lock held; a
+/// commit, a sweep or a forget may store it under `meta` alone (a write flushes it before its plan).
 struct TailChunk {
     let index: UInt64
     /// The chunk's bytes up to the end of what was written into it.
@@ -38,21 +39,25 @@ extension CofferFileSystem {
         s.tail = nil
     }
 
-    /// Stores every tail held once more than `Options.heldTailVolume` bytes were written into tails
-    /// since the last time. Small files written faster than groups commit would otherwise pile up in
+    /// Whether the tails held are to be stored now (`storeHeldTails`): once `Options.heldTailVolume` bytes
+    /// were written into tails since the last time, or 256 KiB on a disk running low. Call under meta.
+    func heldTailsDue() -> Bool {
+        heldTailBytes >= options.heldTailVolume || isShortOfSpaceForTails()
+    }
+
+    /// Stores every tail held. Small files written faster than groups commit would otherwise pile up in
     /// memory (a second of them is tens of MiB), unseen by the group's volume and free-space checks
     /// (`EntityStore.isCommitDue`): on a nearly full disk the commit then found no room for any of
     /// them and the whole group went, the directory made for them included. Stored, they count
     /// toward the group, which commits in steps as the disk fills. A file dropped from memory since
-    /// (a reread record) is skipped: its tail went with it.
-    func storeHeldTailsIfMany() throws(FSError) {
+    /// (a reread record) or deleted is skipped: its tail went with it.
+    func storeHeldTails() throws(FSError) {
         try meta.withLock { () throws(FSError) in
-            guard heldTailBytes >= options.heldTailVolume || isShortOfSpaceForTails() else { return }
             let tails = heldTails
             forgetHeldTails()
-            for (i, s) in tails.enumerated() where inodes[s.ino] === s {
+            for (i, s) in tails.enumerated() where inodes[s.ino] === s && !s.deleted {
                 do throws(FSError) { try flushTail(s) } catch {
-                    heldTails = Array(tails[(i + 1)...])
+                    heldTails = Array(tails[i...])  // still held, stored at the commit
                     throw error
                 }
             }

@@ -329,8 +329,8 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     public func isLowOnSpace() -> Bool { backend.isLowOnSpace() }
-    /// Bytes new content may still take on the disk (nil: the engine cannot tell).
-    public func roomForContent() -> Int64? { backend.roomForContent() }
+    /// Bytes a write of `bytes` may still take on the disk (nil: the engine cannot tell).
+    public func roomForContent(_ bytes: Int) -> Int64? { backend.roomForContent(bytes) }
 
     /// Gives free space back to the disk, a piece at a time (SQLite: FreePages.swift).
     public func giveBackFreePages(limit: Int = 32) throws(StoreError) -> Int { try backend.reclaimSpace(limit: limit) }

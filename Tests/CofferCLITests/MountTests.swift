@@ -788,6 +788,40 @@ struct MountTests {
         }
     }
 
+    /// Files of 3,000 bytes (their chunks are rows in the database, not segments) until the disk is full,
+    /// then half of them deleted: new small files can be written. Deleting rows frees pages inside the
+    /// database, not on the disk, and the room check (RoomCheck.swift) first counted only the disk.
+    @Test func smallFilesFitWhereDeletedSmallFilesWere() throws {
+        try onASmallDisk("fullrows") { sb, _, _ in
+            let run = E2E.py(
+                #"""
+                import errno, os, sys
+                d = sys.argv[1]; ok = []; full = 0
+                for i in range(100000):
+                    try:
+                        with open(os.path.join(d, 'f%d' % i), 'wb') as f:
+                            f.write(bytes([i % 251]) * 3000)
+                        ok.append(i)
+                    except OSError as e:
+                        if e.errno != errno.ENOSPC:
+                            print('unexpected', e); sys.exit(3)
+                        full += 1
+                        if full > 20: break
+                os.sync()
+                for i in ok[: len(ok) // 2]: os.unlink(os.path.join(d, 'f%d' % i))
+                fd = os.open(d, os.O_RDONLY); os.fsync(fd); os.close(fd)
+                for k in range(20):
+                    with open(os.path.join(d, 'new%d' % k), 'wb') as f:
+                        f.write(b'n' * 1000); f.flush(); os.fsync(f.fileno())
+                print(len(ok))
+                """#, [sb.mnt])
+            #expect(run.ok, "writing small files where deleted ones were: \(run)")
+            let written = Int(run.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+            #expect(written > 1000, "the disk took many small files before it was full: \(run)")
+            #expect(E2E.read(sb.mnt + "/new19") == Array(repeating: UInt8(ascii: "n"), count: 1000))
+        }
+    }
+
     /// A large file written a MiB at a time, each fsynced, until the disk is full: the write that fails
     /// leaves nothing behind. Its rows went into the group without the chunk map naming them, were
     /// committed at the unmount, and fsck found them past the end of the file (reads there gave EIO once

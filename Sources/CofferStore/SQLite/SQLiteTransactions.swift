@@ -243,9 +243,13 @@ extension SQLiteBackend {
     }
 
     /// Free space less the released reserve (owed to deletes and checkpoints) and the rows waiting in the
-    /// open group (they need WAL room at its commit).
-    public func roomForContent() -> Int64? {
-        freeSpace() - (reserve?.owed ?? 0) - Int64(pending.withLock { $0.bytes })
+    /// open group (the database file or the WAL may grow by them at its commit). A chunk shorter than the
+    /// segment threshold is a row and may also take the database's free pages: deleted small files
+    /// leave those, not free space on the disk.
+    public func roomForContent(_ bytes: Int) -> Int64? {
+        var room = freeSpace() - (reserve?.owed ?? 0) - Int64(pending.withLock { $0.bytes })
+        if !hasSegments || bytes < segmentThreshold, let free = try? pageCounts().free { room += Int64(free) * Int64(pageSize) }
+        return room
     }
 
     /// Bytes available to us on the container's disk.
