@@ -96,7 +96,9 @@ extension CofferFileSystem {
     public func setxattr(_ ino: InodeNumber, name: [UInt8], value: [UInt8], flags: Int32) throws(FSError) {
         try checkWritable()
         guard name.starts(with: Self.userPrefix) else { throw .notSupported }
-        guard name.count <= ExtendedAttributeRecord.maxNameLength, name.count > Self.userPrefix.count else { throw .range }
+        // As ext4: a name with nothing after its prefix is EINVAL, one past 255 bytes ERANGE.
+        guard name.count > Self.userPrefix.count else { throw .invalid }
+        guard name.count <= ExtendedAttributeRecord.maxNameLength else { throw .range }
         guard value.count <= ExtendedAttributeRecord.maxValueLength else { throw FSError(E2BIG) }
         try meta.withLock { () throws(FSError) in
             let s = try state(ino)

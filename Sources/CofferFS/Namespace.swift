@@ -182,10 +182,15 @@ extension CofferFileSystem {
         try meta.withLock { () throws(FSError) -> [UInt8] in
             let s = try state(ino)
             guard s.isSymlink, let stored = s.record.symlinkTarget else { throw .invalid }
-            do { return try resolvedTarget(stored) } catch {
+            let target: [UInt8]
+            do { target = try resolvedTarget(stored) } catch {
                 logger.error("symlink \(ino) holds a refused target: \(error)")
                 throw .io
             }
+            // A target inside the mount, written near PATH_MAX under a shorter mountpoint, can be too long
+            // under this one: the kernel refuses such a reply, which the reader saw as EIO.
+            guard target.count < Int(PATH_MAX) else { throw .nameTooLong }
+            return target
         }
     }
 
