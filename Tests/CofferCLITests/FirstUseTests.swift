@@ -164,6 +164,8 @@ struct FirstUseTests {
             try #require(r.ok, "\(form): \(r)")
             let f = try flags()
             #expect(f.contains("nosuid") == restricted && f.contains("nodev") == restricted, "\(form): \(f)")
+            // Reads do not move atime: the mount says noatime, not the relatime it showed before.
+            #expect(f.contains("noatime") && !f.contains("relatime"), "\(form): \(f)")
             let u = sb.unmount()
             try #require(u.ok, "\(form): \(u)")
         }
