@@ -72,7 +72,7 @@ public final class PGPool: @unchecked Sendable {  // state behind `condition`
         opened += 1  // a new connection, made outside the lock
         condition.unlock()
         do {
-            return try PGConnection.retrying(within: reconnectWait) { () throws(PGError) in try PGConnection(conninfo) }
+            return try PGConnection.retrying(within: reconnectWait, server: conninfo) { () throws(PGError) in try PGConnection(conninfo) }
         } catch {
             condition.lock()
             opened -= 1
