@@ -86,7 +86,13 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Set by the store's `onRollback` (on whatever thread hit it): the errno the lost changes report.
     private let rolledBack = Mutex<FSError?>(nil)
     private var stopped = false
-    /// Under meta: `finalCommitFailure`.
+    /// Regular files whose changes a dropped group took, until an fsync reports it or the file is removed.
+    /// Under meta.
+    var unheardLosses = Set<InodeNumber>()
+    /// Regular files written into the open group as the kernel forgot them (`release`): a drop loses their
+    /// changes, and memory no longer holds them to carry the error. Under meta.
+    var forgottenInGroup = Set<InodeNumber>()
+    /// Under meta: `finalCommitFailure`, a sentence for the user.
     private var finalFailure: String?
     private var committer: Thread?
     /// Wakes the committer before its pause ends (another mount asks for the writer lock).
@@ -158,7 +164,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         thread.start()
     }
 
-    /// Why the last commit, at unmount, failed (what was written since the commit before is lost); nil when it did not.
+    /// What the unmount lost, as a sentence for the user: the last commit failed, or files' changes went with a
+    /// dropped group and no fsync reported it. Nil when nothing was lost.
     public var finalCommitFailure: String? { meta.withLock { finalFailure } }
 
     public func shutdown() {
@@ -166,7 +173,17 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         reapAll()
         do { try commit() } catch {
             logger.error("final commit failed: \(error)")
-            meta.withLock { finalFailure = "\(error)" }
+            meta.withLock { finalFailure = "the last commit failed (\(error)): what was written since the commit before it is lost" }
+        }
+        // Files whose changes a dropped group took and no fsync reported (the unmount raced a group
+        // commit that failed, say, and then had nothing left to commit): the unmount is the last
+        // chance to tell.
+        meta.withLock {
+            guard finalFailure == nil, !unheardLosses.isEmpty else { return }
+            let why =
+                "changes to \(unheardLosses.count) file(s) were lost while mounted (the store dropped a group they were in) and no fsync reported it"
+            logger.error("\(why)")
+            finalFailure = why
         }
         store.close()
         meta.withLock { for s in inodes.values { s.wipeCipher() } }
@@ -232,8 +249,14 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     // MARK: Inode table (call under meta)
 
-    func state(_ ino: InodeNumber) throws(FSError) -> InodeState {
+    /// Takes in a group the store dropped since the last look: what memory holds, the dying files
+    /// included, is then what the store holds. Call under meta, before acting on that memory.
+    func takeDroppedGroup() {
         if let e = rolledBack.withLock({ $0 }) { reloadAfterRollback(e) }
+    }
+
+    func state(_ ino: InodeNumber) throws(FSError) -> InodeState {
+        takeDroppedGroup()
         let epoch = storeEpoch.load(ordering: .acquiring)
         if let s = inodes[ino] {
             if s.goneElsewhere { throw FSError(ESTALE) }
@@ -323,7 +346,10 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         // the whole reconnect bound, with `meta` held (an unmount waited that long per inode).
         var unreachable = false
         for (ino, s) in inodes {
-            if s.dirty { s.writeError = error }
+            if s.dirty {
+                s.writeError = error
+                if s.isRegular { unheardLosses.insert(ino) }
+            }
             s.dropChunkMap()
             let stored: InodeRecord?
             var unread = false
@@ -372,6 +398,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 dying[ino] = nil
             }
         }
+        // Files written into the group and then forgotten by the kernel are not in memory any more.
+        unheardLosses.formUnion(forgottenInGroup)
+        forgottenInGroup.removeAll()
     }
 
     /// Writes a changed record now (inside the open group transaction). A record without links
@@ -406,6 +435,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             try? destroy(s)
         } else if s.dirty {
             try? persist(s)
+            if s.isRegular { forgottenInGroup.insert(s.ino) }
         }
         if s.ino != EntityStore.rootInode { inodes[s.ino] = nil }
     }
@@ -425,6 +455,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 s.orphaned = false
             }
         } catch { throw fsError(error) }
+        unheardLosses.remove(s.ino)
         s.tail = nil
         s.deleted = true
         s.dirty = false
@@ -591,18 +622,28 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     private func commitLocked(durable: Bool) throws(FSError) {
         // A group the store dropped since the last look is taken in first: its files' cached records would
         // otherwise be written into the next group, without the entries that went with the dropped one.
-        if let e = rolledBack.withLock({ $0 }) { reloadAfterRollback(e) }
+        takeDroppedGroup()
+        var written: [InodeState] = []
         do {
-            for s in inodes.values where s.dirty { try persist(s) }
+            for s in inodes.values where s.dirty {
+                try persist(s)
+                written.append(s)
+            }
             // Not reaped yet: the record goes out with an orphan row, for the next mount to remove after a crash.
             for s in dying.values where s.dirty { try persist(s) }
             forgetHeldTails()  // every tail was stored with its dirty file
             try store.commit(durable: durable)
+            forgottenInGroup.removeAll()
             applyLostCommits()  // heard at this group's begin: its files were marked before they were written again
             if durable { writtenSinceDurable.removeAll() }
         } catch {
             let e = fsError(error)
-            if rolledBack.withLock({ $0 }) != nil { reloadAfterRollback(e) }
+            if rolledBack.withLock({ $0 }) != nil {
+                // Written into the group just lost: as dirty as before, so that their next fsync (and, unheard,
+                // the unmount) reports the loss. A later fsync of such a file used to succeed.
+                for s in written where !s.deleted { s.dirty = true }
+                reloadAfterRollback(e)
+            }
             throw e
         }
     }

@@ -59,8 +59,20 @@ extension CofferFileSystem {
     /// Durable once it returns: the group transaction, with this file in it, is committed.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
         guard !options.readOnly else { return }
-        try commit()
+        do { try commit() } catch {
+            heardLoss(ino)
+            throw error
+        }
         try checkWriteError(ino)
+    }
+
+    /// An fsync of `ino` failed: its caller heard that the file's changes may be lost (the unmount need
+    /// not say it again, and the next fsync does not report the same loss).
+    func heardLoss(_ ino: InodeNumber) {
+        meta.withLock {
+            inodes[ino]?.writeError = nil
+            unheardLosses.remove(ino)
+        }
     }
 
     /// Reports (once) that changes to this file were lost when the store dropped a group; a file that is gone
@@ -70,6 +82,7 @@ extension CofferFileSystem {
             if let s = inodes[ino], s.goneElsewhere, s.writeError == nil { throw FSError(ESTALE) }
             if let s = inodes[ino], let e = s.writeError {
                 s.writeError = nil
+                unheardLosses.remove(ino)
                 throw e
             }
         }

@@ -24,6 +24,10 @@ extension CofferFileSystem {
         do {
             try store.batch { () throws -> Void in
                 guard meta.tryLock() else { return }
+                // A dropped group may have taken the unlinks that made these files dying: after a lost
+                // connection the reaper deleted the inode of a file that was back, fsynced content and
+                // all, and left its entry dangling. The reload keeps only what the store holds unlinked.
+                takeDroppedGroup()
                 victims = Array(dying.values.prefix(limit))
                 for s in victims { dying[s.ino] = nil }
                 meta.unlock()

@@ -180,7 +180,10 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     /// Durable: a commit that waits for the server's disk, which covers every earlier commit too.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
         guard !isReadOnly else { return }
-        try change(durable: true) { () throws(FSError) in try fs.checkWriteError(ino) }
+        do { try change(durable: true) { () throws(FSError) in try fs.checkWriteError(ino) } } catch {
+            fs.heardLoss(ino)
+            throw error
+        }
     }
     public func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError) {
         try change { () throws(FSError) in try fs.fallocate(ino, handle: .none, mode: mode, offset: offset, length: length) }

@@ -384,10 +384,7 @@ final class PreparedMount: @unchecked Sendable {
         control?.stop()
         keys.wipe()
         lock.release()
-        if let why = fs.finalCommitFailure {
-            let lost = "what was written since the commit before it is lost"
-            throw CLIFailure(message: "the last commit failed (\(why)): \(lost)", code: ExitStatus.failure)
-        }
+        if let why = fs.finalCommitFailure { throw CLIFailure(message: why, code: ExitStatus.failure) }
     }
 }
 

@@ -279,6 +279,90 @@ struct PostgresCLITests {
         #expect(sb.unmount().ok)
     }
 
+    /// A removal still in the open group when the server restarts: the group is lost, so the file is back
+    /// whole, with its fsynced content, and fsck is clean. The reaper used to delete the file's inode after
+    /// its unlink was lost: the entry dangled (ls showed ?????????, stat ENOENT, a create EEXIST) and
+    /// fsck found a dangling entry (a tester helper's find).
+    @Test func aRemovalTheServerLostLeavesTheFileWhole() throws {
+        let (sb, uri, cluster) = try pgSandbox("pglostrm")
+        defer {
+            sb.cleanup()
+            if !cluster.isRunning { try? cluster.start() }
+        }
+        try #require(sb.initContainer(container: uri).ok)
+        try #require(sb.mount(container: uri, options: "reconnect_wait=10").ok)
+        try E2E.write(sb.mnt + "/f", "precious")
+        #expect(E2E.sh("sync '\(sb.mnt)/f'").ok)
+        usleep(1_500_000)
+        #expect(E2E.sh("rm '\(sb.mnt)/f'").ok)
+        try cluster.restart(mode: "fast")
+        usleep(2_000_000)  // the reaper works when the mount is quiet
+        #expect(E2E.readText(sb.mnt + "/f") == "precious", "the file whose removal was lost is back whole")
+        _ = sb.unmount()  // says the removal was lost (no fsync reported it)
+        #expect(!E2E.isMounted(sb.mnt))
+        let fsck = E2E.coffer(["fsck", uri, "--passfile", sb.passfile], timeout: 120)
+        #expect(fsck.status == 0, "\(fsck)")
+    }
+
+    /// A file written and closed, never synced, then the server stops and `coffer unmount` runs: the daemon's
+    /// group commit fails (its own, or the unmount's), and the unmount says the change was lost, non-zero. It
+    /// exited 0 when the committer's commit failed first and left the unmount nothing to commit.
+    @Test func unmountSaysWhatADroppedGroupTookUnheard() throws {
+        let (sb, uri, cluster) = try pgSandbox("pgunheard")
+        defer {
+            sb.cleanup()
+            if !cluster.isRunning { try? cluster.start() }
+        }
+        try #require(sb.initContainer(container: uri).ok)
+        try #require(sb.mount(container: uri, options: "reconnect_wait=3").ok)
+        #expect(E2E.sh("echo important > '\(sb.mnt)/unsynced'").ok)
+        try cluster.stop(mode: "fast")
+        let u = sb.unmount()
+        #expect(u.status == 1 && u.stderr.contains("lost"), "\(u)")
+        #expect(!E2E.isMounted(sb.mnt))
+        try cluster.start()
+        try #require(sb.mount(container: uri).ok)
+        #expect(E2E.readText(sb.mnt + "/unsynced") == nil)
+        #expect(sb.unmount().ok)
+    }
+
+    /// Six stats at once on a mount whose server is stopped, reconnect_wait=3: each fails within about the
+    /// bound, not one bound after the other (they queue behind one another: 4.6, 9.1, ... 27.3 s with a
+    /// 5 s bound before); once the server is back the mount answers again.
+    @Test func operationsQueuedOnAGoneServerFailWithinOneBound() throws {
+        let (sb, uri, cluster) = try pgSandbox("pgqueued")
+        defer {
+            sb.cleanup()
+            if !cluster.isRunning { try? cluster.start() }
+        }
+        try #require(sb.initContainer(container: uri).ok)
+        try #require(sb.mount(container: uri, options: "reconnect_wait=3").ok)
+        for name in ["a", "b", "c", "d", "e", "f"] { try E2E.write(sb.mnt + "/" + name, name) }
+        try #require(sb.unmount().ok)
+        try #require(sb.mount(container: uri, options: "reconnect_wait=3").ok)  // nothing cached
+        try cluster.stop(mode: "fast")
+        let run = E2E.py(
+            """
+            import os, sys, threading, time
+            took = []
+            def look(p):
+                t = time.time()
+                try: os.stat(p)
+                except OSError: pass
+                took.append(time.time() - t)
+            ts = [threading.Thread(target=look, args=(os.path.join(sys.argv[1], n),)) for n in 'abcdef']
+            for t in ts: t.start()
+            for t in ts: t.join()
+            print(max(took))
+            """, [sb.mnt], timeout: 120)
+        let slowest = Double(run.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? .infinity
+        #expect(slowest < 10, "the slowest of six stats took \(slowest) s with a 3 s bound: \(run)")
+        try cluster.start()
+        #expect(E2E.readText(sb.mnt + "/a") == "a", "the mount answers once the server is back")
+        _ = sb.unmount()
+        #expect(!E2E.isMounted(sb.mnt))
+    }
+
     /// The server restarted (-m fast, then -m immediate) under a writer that fsyncs: the mount survives,
     /// every fsynced file reads back, and fsck is clean. With a short reconnect_wait and the server
     /// down longer, an fsync fails with EIO and the mount still answers once the server is back.
