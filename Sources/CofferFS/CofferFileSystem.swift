@@ -92,6 +92,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Regular files written into the open group as the kernel forgot them (`release`): a drop loses their
     /// changes, and memory no longer holds them to carry the error. Under meta.
     var forgottenInGroup = Set<InodeNumber>()
+    /// Set by the store's `onRollback`: the open group was dropped (not only earlier commits lost).
+    let groupDropped = Atomic<Bool>(false)
     /// Under meta: `finalCommitFailure`, a sentence for the user.
     private var finalFailure: String?
     private var committer: Thread?
@@ -125,6 +127,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         }
         store.onRollback = { [weak self] error in
             // A full disk is ENOSPC; a lost server or anything else is EIO.
+            self?.groupDropped.store(true, ordering: .releasing)
             self?.rolledBack.withLock { $0 = error == .diskFull ? .noSpace : .io }
         }
         if options.coherent {
@@ -399,7 +402,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             }
         }
         // Files written into the group and then forgotten by the kernel are not in memory any more.
-        unheardLosses.formUnion(forgottenInGroup)
+        // Only for a group really dropped: after lost commits (`lostCommits`) the open group goes on.
+        if groupDropped.exchange(false, ordering: .acquiringAndReleasing) { unheardLosses.formUnion(forgottenInGroup) }
         forgottenInGroup.removeAll()
     }
 
@@ -440,8 +444,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         if s.ino != EntityStore.rootInode { inodes[s.ino] = nil }
     }
 
-    /// Removes an inode and everything it owns from the store.
-    func destroy(_ s: InodeState) throws(FSError) {
+    /// Removes an inode and everything it owns from the store. The reaper calls it without `meta`
+    /// (`holdingMeta` false), having forgotten the file's losses under it.
+    func destroy(_ s: InodeState, holdingMeta: Bool = true) throws(FSError) {
         do {
             if s.record.contentId != 0 && s.isRegular {
                 try store.deleteChunks(file: s.record.contentId)
@@ -455,10 +460,16 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 s.orphaned = false
             }
         } catch { throw fsError(error) }
-        unheardLosses.remove(s.ino)
+        if holdingMeta { forgetLosses(s.ino) }
         s.tail = nil
         s.deleted = true
         s.dirty = false
+    }
+
+    /// A file removed: whatever a dropped group took of it no longer matters. Call under meta.
+    func forgetLosses(_ ino: InodeNumber) {
+        unheardLosses.remove(ino)
+        forgottenInGroup.remove(ino)
     }
 
     /// Deletes the files an earlier session left unlinked but open (a crash, or a reap that failed).

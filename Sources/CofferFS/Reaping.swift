@@ -29,9 +29,12 @@ extension CofferFileSystem {
                 // all, and left its entry dangling. The reload keeps only what the store holds unlinked.
                 takeDroppedGroup()
                 victims = Array(dying.values.prefix(limit))
-                for s in victims { dying[s.ino] = nil }
+                for s in victims {
+                    dying[s.ino] = nil
+                    forgetLosses(s.ino)
+                }
                 meta.unlock()
-                for s in victims { try destroy(s) }
+                for s in victims { try destroy(s, holdingMeta: false) }
             }
         } catch {
             // All back to dying, marked for the next commit's orphan row, and deleted again later (deletes

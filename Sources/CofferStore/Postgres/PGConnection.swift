@@ -67,8 +67,10 @@ public final class PGConnection: @unchecked Sendable {
     /// Drops this session and opens a new one, retrying for up to `seconds` (pauses from 50 ms
     /// doubling to 1 s) while the server is unreachable or starting up. A single attempt may add
     /// `connect_timeout` to the bound. Throws `.connection` when the wait runs out.
-    public func reconnect(within seconds: Double) throws(PGError) {
-        try Self.retrying(within: seconds, server: conninfo) { () throws(PGError) in try open() }
+    /// `store`: a wait of the store's own (writer, readers), which reads and marks the server `gone`; the lease's and
+    /// the lock table's short waits do neither (their 1 s waits running out would cut the store's bound short).
+    public func reconnect(within seconds: Double, store: Bool = false) throws(PGError) {
+        try Self.retrying(within: seconds, server: store ? conninfo : nil) { () throws(PGError) in try open() }
     }
 
     /// Servers (by conninfo) a wait ran out on, until a connection to one is made again: a wait for
@@ -78,21 +80,21 @@ public final class PGConnection: @unchecked Sendable {
     private static let gone = Mutex<Set<String>>([])
 
     /// `attempt` until it succeeds or `seconds` have passed (pauses 50 ms doubling to 1 s); one attempt
-    /// while `server` is known gone (`gone`).
-    static func retrying<T>(within seconds: Double, server: String, _ attempt: () throws(PGError) -> T) throws(PGError) -> T {
+    /// while `server` is known gone (`gone`; nil: a wait that neither reads nor marks it).
+    static func retrying<T>(within seconds: Double, server: String?, _ attempt: () throws(PGError) -> T) throws(PGError) -> T {
         let deadline = Date().addingTimeInterval(seconds)
         var pause = 0.05
         while true {
             do {
                 let result = try attempt()
-                _ = gone.withLock { $0.remove(server) }
+                if let server { _ = gone.withLock { $0.remove(server) } }
                 return result
             } catch {
-                if gone.withLock({ $0.contains(server) }) {
+                if let server, gone.withLock({ $0.contains(server) }) {
                     throw PGError(.connection, "no connection (nor within the last wait for this server): \(error.message)")
                 }
                 if Date().addingTimeInterval(pause) > deadline {
-                    _ = gone.withLock { $0.insert(server) }
+                    if let server { _ = gone.withLock { $0.insert(server) } }
                     throw PGError(.connection, "no connection within \(seconds) s: \(error.message)")
                 }
             }

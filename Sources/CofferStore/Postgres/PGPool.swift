@@ -62,7 +62,7 @@ public final class PGPool: @unchecked Sendable {  // state behind `condition`
         if let c = idle.popLast() {
             condition.unlock()
             if !c.isAlive {
-                do { try c.reconnect(within: reconnectWait) } catch {
+                do { try c.reconnect(within: reconnectWait, store: true) } catch {
                     checkin(c)
                     throw error
                 }

@@ -265,7 +265,7 @@ extension PostgresBackend {
     }
 
     private func reconnect() throws(StoreError) {
-        do { try writer.reconnect(within: reconnectWait) } catch { throw StoreError.postgres(error) }
+        do { try writer.reconnect(within: reconnectWait, store: true) } catch { throw StoreError.postgres(error) }
         reconnected.store(true, ordering: .releasing)
         try setUpSession()
     }
