@@ -39,7 +39,6 @@ extension CofferFileSystem {
     }
 
     private func hasRoom(for count: Int) -> Bool {
-        guard let room = store.roomForContent(count) else { return true }
-        return Int64(count + meta.withLock { heldTailBytes }) + Self.roomMargin <= room
+        store.hasRoom(forWrite: count, more: Int64(meta.withLock { heldTailBytes }) + Self.roomMargin)
     }
 }

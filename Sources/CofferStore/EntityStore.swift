@@ -329,8 +329,8 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     public func isLowOnSpace() -> Bool { backend.isLowOnSpace() }
-    /// Bytes a write of `bytes` may still take on the disk (nil: the engine cannot tell).
-    public func roomForContent(_ bytes: Int) -> Int64? { backend.roomForContent(bytes) }
+    /// Whether the disk can take a write of `bytes` and `more` bytes besides (true: the engine cannot tell).
+    public func hasRoom(forWrite bytes: Int, more: Int64) -> Bool { backend.hasRoom(forWrite: bytes, more: more) }
 
     /// Gives free space back to the disk, a piece at a time (SQLite: FreePages.swift).
     public func giveBackFreePages(limit: Int = 32) throws(StoreError) -> Int { try backend.reclaimSpace(limit: limit) }

@@ -43,10 +43,10 @@ public protocol StoreBackend: AnyObject, Sendable {
     func isCommitDue(age: Duration, volume: Int) -> Bool
     /// The engine's storage is short of space: commit in smaller groups, delete at once.
     func isLowOnSpace() -> Bool
-    /// Bytes a write of `bytes` may still take on the engine's disk (free space less what is owed to deletes
-    /// and to rows waiting for the commit, plus free room inside the store where such a write would go);
-    /// nil when the engine cannot tell.
-    func roomForContent(_ bytes: Int) -> Int64?
+    /// Whether the engine's disk can take a write of `bytes` and `more` bytes besides (free space less what
+    /// is owed to deletes and to rows waiting for the commit, plus free room inside the store where such a
+    /// write would go). True when the engine cannot tell.
+    func hasRoom(forWrite bytes: Int, more: Int64) -> Bool
     /// Gives up to `limit` units of free space back while nothing else is written; 0 when there is
     /// nothing to give back (or the engine has no such thing).
     func reclaimSpace(limit: Int) throws(StoreError) -> Int

@@ -289,5 +289,5 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
 
     /// The server's disk is not ours to probe: a full one answers 53100 (`diskFull`) at the statement.
     public func isLowOnSpace() -> Bool { false }
-    public func roomForContent(_ bytes: Int) -> Int64? { nil }
+    public func hasRoom(forWrite bytes: Int, more: Int64) -> Bool { true }
 }

@@ -244,12 +244,14 @@ extension SQLiteBackend {
 
     /// Free space less the released reserve (owed to deletes and checkpoints) and the rows waiting in the
     /// open group (the database file or the WAL may grow by them at its commit). A chunk shorter than the
-    /// segment threshold is a row and may also take the database's free pages: deleted small files
-    /// leave those, not free space on the disk.
-    public func roomForContent(_ bytes: Int) -> Int64? {
-        var room = freeSpace() - (reserve?.owed ?? 0) - Int64(pending.withLock { $0.bytes })
-        if !hasSegments || bytes < segmentThreshold, let free = try? pageCounts().free { room += Int64(free) * Int64(pageSize) }
-        return room
+    /// segment threshold is a row and may also take the database's free pages (deleted small files leave
+    /// those, not free space on the disk): counted, on the writer, only when the disk alone is short.
+    public func hasRoom(forWrite bytes: Int, more: Int64) -> Bool {
+        let needed = Int64(bytes) + more
+        let room = freeSpace() - (reserve?.owed ?? 0) - Int64(pending.withLock { $0.bytes })
+        if room >= needed { return true }
+        guard !hasSegments || bytes < segmentThreshold, let free = try? pageCounts().free else { return false }
+        return room + Int64(free) * Int64(pageSize) >= needed
     }
 
     /// Bytes available to us on the container's disk.
