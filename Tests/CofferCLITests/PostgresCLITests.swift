@@ -26,6 +26,24 @@ private func coffer(_ args: [String], env extra: [String: String], timeout: Time
     return E2E.run(E2E.coffer, args, environment: env, timeout: timeout)
 }
 
+/// A fault test's sandbox: a fresh container in the tests' cluster, mounted with `options`. `endFaults`
+/// cleans up and starts the cluster again when the test left it stopped.
+private func mountedForFaults(_ label: String, options: String) throws -> (Sandbox, String, PostgresCluster) {
+    let (sb, uri, cluster) = try pgSandbox(label)
+    let made = sb.initContainer(container: uri)
+    let mounted = made.ok ? sb.mount(container: uri, options: options) : made
+    guard mounted.ok else {
+        sb.cleanup()
+        throw TestFailure("\(label): \(mounted)")
+    }
+    return (sb, uri, cluster)
+}
+
+private func endFaults(_ sb: Sandbox, _ cluster: PostgresCluster) {
+    sb.cleanup()
+    if !cluster.isRunning { try? cluster.start() }
+}
+
 private func schema(_ uri: String) -> String { String(uri.split(separator: "=").last ?? "") }
 
 @Suite("PostgreSQL containers through the CLI", .serialized)
@@ -256,13 +274,8 @@ struct PostgresCLITests {
     /// to read every cached inode again after the failed commit, each read waiting the whole bound with
     /// the filesystem's lock held: 40 inodes at 3 s took two minutes.
     @Test func unmountWithTheServerGoneWaitsOneBoundNotOnePerFile() throws {
-        let (sb, uri, cluster) = try pgSandbox("pggoneunmount")
-        defer {
-            sb.cleanup()
-            if !cluster.isRunning { try? cluster.start() }
-        }
-        try #require(sb.initContainer(container: uri).ok)
-        try #require(sb.mount(container: uri, options: "reconnect_wait=3,commit=60").ok)
+        let (sb, uri, cluster) = try mountedForFaults("pggoneunmount", options: "reconnect_wait=3,commit=60")
+        defer { endFaults(sb, cluster) }
         try E2E.write(sb.mnt + "/kept", "committed")
         #expect(E2E.sh("sync '\(sb.mnt)/kept'").ok)
         #expect(E2E.sh("cd '\(sb.mnt)' && for i in $(seq 1 40); do echo $i > f$i; done").ok)
@@ -284,14 +297,9 @@ struct PostgresCLITests {
     /// its unlink was lost: the entry dangled (ls showed ?????????, stat ENOENT, a create EEXIST) and
     /// fsck found a dangling entry (a tester helper's find).
     @Test func aRemovalTheServerLostLeavesTheFileWhole() throws {
-        let (sb, uri, cluster) = try pgSandbox("pglostrm")
-        defer {
-            sb.cleanup()
-            if !cluster.isRunning { try? cluster.start() }
-        }
-        try #require(sb.initContainer(container: uri).ok)
         // commit=30: the removal stays in the open group until the restart takes it.
-        try #require(sb.mount(container: uri, options: "reconnect_wait=10,commit=30").ok)
+        let (sb, uri, cluster) = try mountedForFaults("pglostrm", options: "reconnect_wait=10,commit=30")
+        defer { endFaults(sb, cluster) }
         try E2E.write(sb.mnt + "/f", "precious")
         #expect(E2E.sh("sync '\(sb.mnt)/f'").ok)
         #expect(E2E.sh("rm '\(sb.mnt)/f'").ok)
@@ -308,13 +316,8 @@ struct PostgresCLITests {
     /// connection (the group goes): `coffer unmount` says a file lost changes no fsync reported, non-zero,
     /// although its own commit had nothing left to do. It exited 0 (a tester helper's find).
     @Test func unmountSaysWhatADroppedGroupTookUnheard() throws {
-        let (sb, uri, cluster) = try pgSandbox("pgunheard")
-        defer {
-            sb.cleanup()
-            if !cluster.isRunning { try? cluster.start() }
-        }
-        try #require(sb.initContainer(container: uri).ok)
-        try #require(sb.mount(container: uri, options: "reconnect_wait=10,commit=30").ok)
+        let (sb, uri, cluster) = try mountedForFaults("pgunheard", options: "reconnect_wait=10,commit=30")
+        defer { endFaults(sb, cluster) }
         #expect(E2E.sh("echo important > '\(sb.mnt)/unsynced'").ok)
         try cluster.restart(mode: "fast")
         _ = E2E.sh("touch '\(sb.mnt)/other'")  // meets the lost connection: the group is dropped
@@ -330,13 +333,8 @@ struct PostgresCLITests {
     /// bound, not one bound after the other (they queue behind one another: 4.6, 9.1, ... 27.3 s with a
     /// 5 s bound before); once the server is back the mount answers again.
     @Test func operationsQueuedOnAGoneServerFailWithinOneBound() throws {
-        let (sb, uri, cluster) = try pgSandbox("pgqueued")
-        defer {
-            sb.cleanup()
-            if !cluster.isRunning { try? cluster.start() }
-        }
-        try #require(sb.initContainer(container: uri).ok)
-        try #require(sb.mount(container: uri, options: "reconnect_wait=3").ok)
+        let (sb, uri, cluster) = try mountedForFaults("pgqueued", options: "reconnect_wait=3")
+        defer { endFaults(sb, cluster) }
         for name in ["a", "b", "c", "d", "e", "f"] { try E2E.write(sb.mnt + "/" + name, name) }
         try #require(sb.unmount().ok)
         try #require(sb.mount(container: uri, options: "reconnect_wait=3").ok)  // nothing cached
@@ -367,13 +365,8 @@ struct PostgresCLITests {
     /// every fsynced file reads back, and fsck is clean. With a short reconnect_wait and the server
     /// down longer, an fsync fails with EIO and the mount still answers once the server is back.
     @Test func serverRestartsUnderAWriter() throws {
-        let (sb, uri, cluster) = try pgSandbox("pgrestart")
-        defer {
-            sb.cleanup()
-            if !cluster.isRunning { try? cluster.start() }
-        }
-        try #require(sb.initContainer(container: uri).ok)
-        try #require(sb.mount(container: uri, options: "reconnect_wait=60").ok)
+        let (sb, uri, cluster) = try mountedForFaults("pgrestart", options: "reconnect_wait=60")
+        defer { endFaults(sb, cluster) }
         let log = sb.root + "/synced", stop = sb.root + "/stop"
         let writer = try Child(
             E2E.python ?? "/usr/bin/python3",
