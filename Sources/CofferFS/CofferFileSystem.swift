@@ -94,8 +94,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     var forgottenInGroup = Set<InodeNumber>()
     /// Set by the store's `onRollback`: the open group was dropped (not only earlier commits lost).
     let groupDropped = Atomic<Bool>(false)
-    /// Under meta: `finalCommitFailure`, a sentence for the user.
+    /// Under meta: `finalCommitFailure` and `unmountWarning`, sentences for the user.
     private var finalFailure: String?
+    private var lossWarning: String?
     private var committer: Thread?
     /// Wakes the committer before its pause ends (another mount asks for the writer lock).
     private let wakeCommitter = DispatchSemaphore(value: 0)
@@ -167,9 +168,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         thread.start()
     }
 
-    /// What the unmount lost, as a sentence for the user: the last commit failed, or files' changes went with a
-    /// dropped group and no fsync reported it. Nil when nothing was lost.
+    /// Why the last commit, at unmount, failed (what was written since the commit before is lost), as a
+    /// sentence for the user; nil when it did not.
     public var finalCommitFailure: String? { meta.withLock { finalFailure } }
+    /// What the unmount may have lost unheard (files whose changes a dropped group took, no fsync reporting
+    /// it); nil when nothing.
+    public var unmountWarning: String? { meta.withLock { lossWarning } }
 
     public func shutdown() {
         meta.withLock { stopped = true }
@@ -180,13 +184,14 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         }
         // Files whose changes a dropped group took and no fsync reported (the unmount raced a group
         // commit that failed, say, and then had nothing left to commit): the unmount is the last
-        // chance to tell.
+        // chance to tell. A warning, not a failure: a write, close or create may have told their
+        // programs already, which is not tracked.
         meta.withLock {
             guard finalFailure == nil, !unheardLosses.isEmpty else { return }
             let why =
                 "changes to \(unheardLosses.count) file(s) were lost while mounted (the store dropped a group they were in) and no fsync reported it"
-            logger.error("\(why)")
-            finalFailure = why
+            logger.warning("\(why)")
+            lossWarning = why
         }
         store.close()
         meta.withLock { for s in inodes.values { s.wipeCipher() } }

@@ -27,7 +27,8 @@ enum DaemonExit {
         write("running\n")
     }
 
-    /// The daemon, as it ends: its exit status and, unless 0, the line that says why (the message its log has).
+    /// The daemon, as it ends: its exit status and the line that says why (the message its log has; with
+    /// status 0, a warning or nothing).
     static func record(status: Int32, message: String) {
         write("\(status) \(message.replacingOccurrences(of: "\n", with: " "))\n")
         if fd >= 0 { close(fd) }

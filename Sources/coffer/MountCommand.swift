@@ -156,7 +156,8 @@ struct MountCommand: ParsableCommand {
                 })
             try mount.finish()
             logger.notice("unmounted \(mount.mountpoint)")
-            DaemonExit.record(status: 0, message: "")
+            // Status 0 with a message: `coffer unmount` shows it as a warning.
+            DaemonExit.record(status: 0, message: mount.fs.unmountWarning ?? "")
         } catch {
             let failure = CLIFailure.from(error)
             notifier?.stopWatchdog()

@@ -43,6 +43,8 @@ struct UnmountCommand: ParsableCommand {
                 switch DaemonExit.read(exitRecord, removing: true) {
                 case .ended(let status, let message) where status != 0:
                     throw CLIFailure(message: "unmounted, but the daemon ended with an error: \(message)", code: status)
+                case .ended(_, let message) where !message.isEmpty:
+                    FileHandle.standardError.write(Data("coffer: warning: \(message)\n".utf8))
                 case .running?:
                     throw CLIFailure(
                         message:

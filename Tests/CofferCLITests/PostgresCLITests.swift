@@ -313,8 +313,8 @@ struct PostgresCLITests {
     }
 
     /// A file written and closed, never synced, then the server restarts and the next change meets the lost
-    /// connection (the group goes): `coffer unmount` says a file lost changes no fsync reported, non-zero,
-    /// although its own commit had nothing left to do. It exited 0 (a tester helper's find).
+    /// connection (the group goes): `coffer unmount` warns that a file lost changes no fsync reported,
+    /// although its own commit had nothing left to do. It said nothing (a tester helper's find).
     @Test func unmountSaysWhatADroppedGroupTookUnheard() throws {
         let (sb, uri, cluster) = try mountedForFaults("pgunheard", options: "reconnect_wait=10,commit=30")
         defer { endFaults(sb, cluster) }
@@ -322,7 +322,8 @@ struct PostgresCLITests {
         try cluster.restart(mode: "fast")
         _ = E2E.sh("touch '\(sb.mnt)/other'")  // meets the lost connection: the group is dropped
         let u = sb.unmount()
-        #expect(u.status == 1 && u.stderr.contains("no fsync reported it"), "\(u)")
+        // A warning (status 0): a write or close may have told the programs already, which is not tracked.
+        #expect(u.status == 0 && u.stderr.contains("warning") && u.stderr.contains("no fsync reported it"), "\(u)")
         #expect(!E2E.isMounted(sb.mnt))
         try #require(sb.mount(container: uri).ok)
         #expect(E2E.readText(sb.mnt + "/unsynced") == nil)
