@@ -25,6 +25,8 @@ let package = Package(
         .target(name: "CMappedFault"),
         // Beside the system libraries: hole punching, early writeback and O_DIRECT for segment files (GNU calls).
         .target(name: "CFileSpace"),
+        // Beside libfuse 3.14: FUSE over io_uring (liburing), which that libfuse does not know.
+        .target(name: "CFuseRing", linkerSettings: [.linkedLibrary("uring")]),
 
         // Layer 5: crypto primitives and locked key memory.
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
@@ -50,7 +52,7 @@ let package = Package(
         .target(
             name: "CofferFUSE",
             dependencies: [
-                "CofferFS", "CFuse3",
+                "CofferFS", "CFuse3", "CFuseRing",
                 .product(name: "Logging", package: "swift-log")
             ]),
         // Layer 1: the `coffer` command.

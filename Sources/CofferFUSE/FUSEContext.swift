@@ -27,6 +27,40 @@ final class FUSEContext: @unchecked Sendable {
     /// Blocking lock requests parked off the workers (filesystems that share locks only).
     let lockWaiters = LockWaiters()
     private let shutdownDone = Atomic<Bool>(false)
+    /// The io_uring entries, once the kernel agreed to them in INIT (FUSERing); nil: all through /dev/fuse.
+    private let ringSlot = Mutex<FUSERing?>(nil)
+    var ring: FUSERing? { ringSlot.withLock { $0 } }
+
+    /// Starts the ring entries after the INIT reply that asked for them (`KillPrivHook`).
+    func startRing(fd: Int32) {
+        let payload = killPriv.ringPayload.load(ordering: .acquiring)
+        guard ring == nil, let made = FUSERing.make(fd: fd, payloadSize: payload, context: self) else { return }
+        ringSlot.withLock { $0 = made }
+        let error = made.run()
+        guard error == 0 else {
+            logger.error(
+                "FUSE: io_uring entries could not all start; detaching the mount", metadata: ["error": "\(String(cString: strerror(error)))"])
+            ringFailed()
+            return
+        }
+        logger.info("FUSE: requests come through io_uring", metadata: ["entriesPerQueue": "\(FUSERing.entriesPerQueue)"])
+    }
+
+    /// What ends the mount when a ring entry failed (set by `FUSEMount`: a lazy unmount).
+    let onRingFailure = Mutex<(@Sendable () -> Void)?>(nil)
+    func ringFailed() { onRingFailure.withLock { $0 }?() }
+
+    /// Stops the ring entries (the session loop is over).
+    func stopRing() {
+        let r = ringSlot.withLock { s -> FUSERing? in
+            defer { s = nil }
+            return s
+        }
+        guard let r else { return }
+        let served = r.requests
+        r.stop()
+        logger.info("FUSE: \(served) requests came through io_uring")
+    }
     /// The session while its loop runs: for telling the kernel what changed elsewhere (`dropAttributes`).
     let session = Mutex<SessionPointer?>(nil)
     struct SessionPointer: @unchecked Sendable { let pointer: OpaquePointer }
@@ -45,7 +79,7 @@ final class FUSEContext: @unchecked Sendable {
 
     init(
         fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,
-        connOptions: OpaquePointer?, killPrivV2: Bool = true
+        connOptions: OpaquePointer?, killPrivV2: Bool = true, ioUring: Bool = true
     ) {
         self.fs = fs
         self.timeouts = fs.cacheTimeouts
@@ -53,7 +87,7 @@ final class FUSEContext: @unchecked Sendable {
         self.maxWrite = maxWrite
         self.writebackRequested = writebackRequested
         self.connOptions = connOptions
-        self.killPriv = KillPrivHook(enabled: killPrivV2)
+        self.killPriv = KillPrivHook(enabled: killPrivV2, ringEnabled: ioUring)
         self.pageFiller = fs.isReadOnly ? PageCacheFiller() : nil
     }
 

@@ -153,7 +153,7 @@ public final class FUSEMount: @unchecked Sendable {
         let ctx = FUSEContext(
             fs: filesystem, logger: logger, maxWrite: min(options.maxWrite, 1 << 20),
             writebackRequested: options.writebackCache, connOptions: parsed,
-            killPrivV2: options.killPrivV2)
+            killPrivV2: options.killPrivV2, ioUring: options.ioUring)
         context = ctx
 
         var ops = LowLevelOps.make(sharesLocks: filesystem.sharesLocks)
@@ -236,6 +236,15 @@ public final class FUSEMount: @unchecked Sendable {
                 "type": "fuse.\(options.subtype)", "readOnly": "\(options.readOnly || filesystem.isReadOnly)"
             ])
 
+        let detached = mountpoint
+        ctx.onRingFailure.withLock {
+            $0 = {
+                let p = Process()
+                p.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
+                p.arguments = ["-u", "-z", detached]
+                if (try? p.run()) != nil { p.waitUntilExit() }
+            }
+        }
         ctx.pageFiller?.start(session: se)
         ctx.lockWaiters.attach(se)
         ctx.kernelNotifier.start(session: se, fs: ctx.fs)
@@ -255,6 +264,7 @@ public final class FUSEMount: @unchecked Sendable {
             result = fuse_session_loop_mt(se, config)
             fuse_loop_cfg_destroy(config)
         }
+        ctx.stopRing()
         // Stop answering (parked lock requests get EINTR: the workers are gone, nothing parks again),
         // then unmount and destroy (deferred above), which calls shutdown.
         ctx.lockWaiters.stop()

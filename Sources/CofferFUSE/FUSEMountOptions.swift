@@ -26,6 +26,8 @@ public struct FUSEMountOptions: Sendable {
     /// Negotiates FUSE_HANDLE_KILLPRIV_V2 through a /dev/fuse hook (`KillPrivHook`): the kernel then stops asking
     /// GETXATTR(security.capability) before each write, and the filesystem clears set-id bits when told to.
     public var killPrivV2 = true
+    /// Take requests through io_uring when the kernel offers it (FUSERing); false keeps /dev/fuse.
+    public var ioUring = true
     /// Applied in init (conn->max_write); clamped to 4 KiB ... 1 MiB.
     public var maxWrite: UInt32 = 1 << 20
     /// Further `-o` options, handed to libfuse as they are. Connection options that `fuse_session_new` does not

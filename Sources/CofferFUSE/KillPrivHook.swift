@@ -20,16 +20,30 @@ import Synchronization
 final class KillPrivHook: Sendable {
     /// fuse_init_in/out.flags bit (protocol 7.33).
     static let handleKillPrivV2: UInt32 = 1 << 28
+    /// fuse_init_in/out.flags bit: flags2 is meaningful (protocol 7.36).
+    private static let initExt: UInt32 = 1 << 30
+    /// flags2 bit (FUSE_OVER_IO_URING, 1 << 41 of the 64-bit flags; protocol 7.42).
+    private static let overIOUring: UInt32 = 1 << 9
     private static let spliceRead: UInt32 = 1 << 9
 
     /// Unique id of the INIT request that offered the flag; 0 once answered (or never offered).
     private let pendingInit = Atomic<UInt64>(0)
     /// True once the INIT reply carrying the flag was written.
     let negotiated = Atomic<Bool>(false)
+    /// Which of the two the kernel offered in INIT (and this mount wants): 1 KILLPRIV_V2, 2 io_uring.
+    private let offered = Atomic<Int>(0)
+    /// True once the INIT reply asking for io_uring was written; `ringPayload` is then the buffer size.
+    let ringNegotiated = Atomic<Bool>(false)
+    let ringPayload = Atomic<Int>(0)
     /// When false, requests and replies pass through untouched (the flag is never asked for).
     let enabled: Bool
+    /// When false, io_uring is never asked for.
+    let ringEnabled: Bool
 
-    init(enabled: Bool) { self.enabled = enabled }
+    init(enabled: Bool, ringEnabled: Bool) {
+        self.enabled = enabled
+        self.ringEnabled = ringEnabled
+    }
 
     /// The io callbacks; `userdata` is the session's userdata, a `FUSEContext`.
     static let customIO: fuse_custom_io = {
@@ -78,7 +92,7 @@ final class KillPrivHook: Sendable {
         _ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int,
         _ userdata: UnsafeMutableRawPointer?
     ) -> Int {
-        ReplyCheck.finishPrevious(fd, logger: context(userdata)?.logger)
+        ReplyCheck.finishPrevious(fd, logger: context(userdata)?.logger, ring: nil)
         let n = context(userdata)?.reader.read(fd, buf, len) ?? Glibc.read(fd, buf, len)
         guard n >= inHeaderSize, let buf else {
             let saved = errno  // libfuse reads errno after a failed read
@@ -86,6 +100,14 @@ final class KillPrivHook: Sendable {
             errno = saved
             return n
         }
+        noted(buf, n, userdata)
+        return n
+    }
+
+    /// Notes a request the calling thread is about to process (read from /dev/fuse or taken from a ring
+    /// entry): its kill mark, `ReplyCheck`, and an INIT whose reply is to be edited.
+    static func noted(_ buf: UnsafeMutableRawPointer, _ n: Int, _ userdata: UnsafeMutableRawPointer?) {
+        guard n >= inHeaderSize else { return }
         func u32(_ at: Int) -> UInt32? { at + 4 <= n ? buf.loadUnaligned(fromByteOffset: at, as: UInt32.self) : nil }
         let opcode = buf.loadUnaligned(fromByteOffset: 4, as: UInt32.self)
         let nodeid = buf.loadUnaligned(fromByteOffset: 16, as: UInt64.self)
@@ -98,14 +120,18 @@ final class KillPrivHook: Sendable {
         case .open?: kill = (u32(body + 4) ?? 0) & 1 << 0 != 0  // fuse_open_in.open_flags
         case .create?: kill = (u32(body + 12) ?? 0) & 1 << 0 != 0  // fuse_create_in.open_flags
         case .`init`?:
-            // fuse_init_in: major, minor, max_readahead, flags
-            if let flags = u32(body + 12), flags & handleKillPrivV2 != 0, let hook = hook(userdata), hook.enabled {
+            // fuse_init_in: major, minor, max_readahead, flags, flags2 (meaningful with FUSE_INIT_EXT)
+            guard let flags = u32(body + 12), let hook = hook(userdata) else { break }
+            let flags2 = flags & initExt != 0 ? u32(body + 16) ?? 0 : 0
+            let killPriv = hook.enabled && flags & handleKillPrivV2 != 0
+            let ring = hook.ringEnabled && flags2 & overIOUring != 0
+            hook.offered.store((killPriv ? 1 : 0) | (ring ? 2 : 0), ordering: .releasing)
+            if killPriv || ring {
                 hook.pendingInit.store(buf.loadUnaligned(fromByteOffset: 8, as: UInt64.self), ordering: .releasing)
             }
         case nil: break
         }
         pthread_setspecific(threadKey, kill ? UnsafeRawPointer(bitPattern: UInt(truncatingIfNeeded: nodeid)) : nil)
-        return n
     }
 
     private static func writev(
@@ -114,35 +140,57 @@ final class KillPrivHook: Sendable {
     ) -> Int {
         if let iov, count > 0, iov[0].iov_len >= outHeaderSize, let base = iov[0].iov_base {
             ReplyCheck.answered(unique: base.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+            if let ring = context(userdata)?.ring, let n = ring.reply(iov, count) { return n }
         }
         if let iov, count > 0, iov[0].iov_len >= outHeaderSize, let base = iov[0].iov_base, let hook = hook(userdata) {
             let pending = hook.pendingInit.load(ordering: .acquiring)
             if pending != 0 && base.loadUnaligned(fromByteOffset: 8, as: UInt64.self) == pending {
-                return hook.writeInitReply(fd, iov, Int(count))
+                let n = hook.writeInitReply(fd, iov, Int(count))
+                if n >= 0, hook.ringNegotiated.load(ordering: .acquiring), let context = context(userdata) {
+                    context.startRing(fd: fd)
+                }
+                return n
             }
         }
         return Glibc.writev(fd, iov, count)
     }
 
-    /// Writes the INIT reply with KILLPRIV_V2 added to fuse_init_out.flags (major, minor, max_readahead, flags).
+    /// Writes the INIT reply with KILLPRIV_V2 added to fuse_init_out.flags, and FUSE_OVER_IO_URING to flags2,
+    /// as offered (fuse_init_out: major, minor, max_readahead, flags, max_background, congestion_threshold,
+    /// max_write, time_gran, max_pages, map_alignment, flags2).
     private func writeInitReply(_ fd: Int32, _ iov: UnsafeMutablePointer<iovec>, _ count: Int) -> Int {
         pendingInit.store(0, ordering: .releasing)
         var message = [UInt8]()
         for i in 0..<count where iov[i].iov_len > 0 {
             message.append(contentsOf: UnsafeRawBufferPointer(start: iov[i].iov_base, count: iov[i].iov_len))
         }
-        let flagsAt = Self.outHeaderSize + 12
+        let flagsAt = Self.outHeaderSize + 12, flags2At = Self.outHeaderSize + 32
+        let offered = offered.load(ordering: .acquiring)
         let error = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 4, as: Int32.self) }
-        if error == 0 && message.count >= flagsAt + 4 {
-            var flags = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: flagsAt, as: UInt32.self) }
-            if flags & Self.spliceRead == 0 {
-                flags |= Self.handleKillPrivV2
-                message.withUnsafeMutableBytes { $0.storeBytes(of: flags, toByteOffset: flagsAt, as: UInt32.self) }
-                let n = message.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-                if n == message.count { negotiated.store(true, ordering: .releasing) }
-                return n
+        guard error == 0 && message.count >= flagsAt + 4 else { return Glibc.writev(fd, iov, Int32(count)) }
+        var flags = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: flagsAt, as: UInt32.self) }
+        let killPriv = offered & 1 != 0 && flags & Self.spliceRead == 0
+        let ring = offered & 2 != 0 && message.count >= flags2At + 4
+        guard killPriv || ring else { return Glibc.writev(fd, iov, Int32(count)) }
+        if killPriv { flags |= Self.handleKillPrivV2 }
+        if ring {
+            flags |= Self.initExt
+            var flags2 = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: flags2At, as: UInt32.self) }
+            flags2 |= Self.overIOUring
+            message.withUnsafeMutableBytes { $0.storeBytes(of: flags2, toByteOffset: flags2At, as: UInt32.self) }
+        }
+        message.withUnsafeMutableBytes { $0.storeBytes(of: flags, toByteOffset: flagsAt, as: UInt32.self) }
+        let n = message.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        if n == message.count {
+            if killPriv { negotiated.store(true, ordering: .releasing) }
+            if ring {
+                // The connection's payload limit, for the entries' buffers: max_write and max_pages.
+                let maxWrite = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: Self.outHeaderSize + 20, as: UInt32.self) }
+                let maxPages = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: Self.outHeaderSize + 28, as: UInt16.self) }
+                ringPayload.store(max(8192, Int(maxWrite), Int(maxPages) * 4096), ordering: .releasing)
+                ringNegotiated.store(true, ordering: .releasing)
             }
         }
-        return Glibc.writev(fd, iov, Int32(count))
+        return n
     }
 }

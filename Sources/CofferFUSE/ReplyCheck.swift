@@ -53,8 +53,9 @@ enum ReplyCheck {
     /// The calling thread's request will be answered by another thread.
     static func handedOff() { slot()?.answered = true }
 
-    /// Before the thread reads again: answers EIO for its previous request if nothing answered it.
-    static func finishPrevious(_ fd: Int32, logger: Logger?) {
+    /// Before the thread reads again: answers EIO for its previous request if nothing answered it, through
+    /// `ring` when a ring entry holds that request, else on `fd`.
+    static func finishPrevious(_ fd: Int32, logger: Logger?, ring: FUSERing?) {
         guard let s = slot(), !s.answered else { return }
         s.answered = true
         logger?.error("FUSE: request \(s.unique) (opcode \(s.opcode)) was not answered by its handler; answering EIO")
@@ -65,6 +66,9 @@ enum ReplyCheck {
             h.storeBytes(of: -EIO, toByteOffset: 4, as: Int32.self)
             h.storeBytes(of: s.unique, toByteOffset: 8, as: UInt64.self)
         }
-        _ = header.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        header.withUnsafeMutableBytes { h in
+            var iov = iovec(iov_base: h.baseAddress, iov_len: h.count)
+            if ring?.reply(&iov, 1) == nil && fd >= 0 { _ = Glibc.write(fd, h.baseAddress, h.count) }
+        }
     }
 }

@@ -17,6 +17,8 @@ struct MountOptionSet {
     /// `no_writeback_cache` turns it off.
     var writebackCache = true
     var singleThreaded = false
+    /// Requests through io_uring when the kernel offers it (its fuse module's `enable_uring`); `no_uring` keeps /dev/fuse.
+    var ioUring = true
     var maxThreads: UInt32?
     var allowRollback = false
     /// PostgreSQL containers: how long an operation waits for a lost server before it fails (EIO).
@@ -57,6 +59,10 @@ struct MountOptionSet {
             "turn off the kernel's writeback cache (on by default: writes reach the daemon in batches, errors show at fsync or close; writeback_cache is accepted)"
         ),
         (["writeback_cache"], "the default"),
+        (
+            ["no_uring"],
+            "take requests through /dev/fuse even when the kernel offers FUSE over io_uring (used by default when the fuse module's enable_uring is on)"
+        ),
         (["allow_rollback"], "mount a store older than the newest this machine has seen (as --allow-rollback)"),
         (
             ["reconnect_wait=SECONDS"],
@@ -110,6 +116,7 @@ struct MountOptionSet {
             case ("writeback_cache", nil): writebackCache = true
             case ("no_writeback_cache", nil): writebackCache = false
             case ("single_thread", nil): singleThreaded = true
+            case ("no_uring", nil): ioUring = false
             case ("max_threads", let v?):
                 guard let n = UInt32(v), (1...256).contains(n) else {
                     throw CLIFailure(message: "mount option max_threads=\(v): expected a number of threads from 1 to 256", code: ExitStatus.usage)
@@ -172,6 +179,7 @@ struct MountOptionSet {
         o.debug = debug
         o.autoUnmount = autoUnmount
         o.singleThreaded = singleThreaded
+        o.ioUring = ioUring && !singleThreaded
         if let maxThreads { o.maxThreads = maxThreads }
         o.writebackCache = writebackCache
         // noatime says what a FUSE mount of Coffer does (the kernel never moves a FUSE file's atime, and

@@ -12,7 +12,8 @@ enum RawSQLite {
     /// row with its sealed bytes: the row's value, or the range of a segment file it points at.
     /// `heldInRow` learns the length of each value read from the row itself (what a mapping pages in).
     static func forEachRow(
-        _ stmt: OpaquePointer, segments: Segments?, heldInRow: (Int) -> Void = { _ in }, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void
+        _ stmt: OpaquePointer, segments: Segments?, mapping: Bool = true, heldInRow: (Int) -> Void = { _ in },
+        _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void
     ) throws {
         defer { sqlite3_reset(stmt) }
         while true {
@@ -21,7 +22,9 @@ enum RawSQLite {
             guard rc == SQLITE_ROW else { throw StoreError.sqlite(code: rc, stmt) }
             let idx = UInt64(bitPattern: sqlite3_column_int64(stmt, 0))
             if let segments, sqlite3_column_type(stmt, 2) != SQLITE_NULL {
-                try segments.read(sqlite3_column_int64(stmt, 2), offset: sqlite3_column_int64(stmt, 3), length: sqlite3_column_int64(stmt, 4)) {
+                try segments.read(
+                    sqlite3_column_int64(stmt, 2), offset: sqlite3_column_int64(stmt, 3), length: sqlite3_column_int64(stmt, 4), mapping: mapping
+                ) {
                     try body(idx, $0)
                 }
                 continue

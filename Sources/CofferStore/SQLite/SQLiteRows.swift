@@ -94,7 +94,10 @@ extension SQLiteBackend {
 
     /// Committed content goes through a reader pool, concurrently: small files and the start of
     /// large ones through mapped connections, reads further into a large file (streaming, random
-    /// access) through preads. A file with uncommitted changes goes through the writer.
+    /// access) through preads. A file with uncommitted changes goes through the writer. A read of one
+    /// chunk copies it from its segment file rather than reading it through the segment's mapping:
+    /// for random 4 KiB reads the page faults (and the periodic drop of the mapped pages) cost more
+    /// than the copy (docs/MEASUREMENTS.md, session 22); a read of several (streaming) keeps the mapping.
     public func forEachChunk(file: UInt64, first: UInt64, last: UInt64, _ body: (UInt64, UnsafeRawBufferPointer) throws -> Void) throws {
         let dirty = readOnly ? false : pending.withLock { $0.dirtyFiles.contains(file) }
         if dirty {
@@ -107,7 +110,8 @@ extension SQLiteBackend {
             do {
                 try (first < Self.mappedChunks ? mappedReaders : preadReaders).with { c in
                     RawSQLite.bindRange(c.select, file: file, first: first, last: last)
-                    try RawSQLite.forEachRow(c.select, segments: segments, heldInRow: { c.bytesSinceMap += $0 }, body)
+                    try RawSQLite.forEachRow(
+                        c.select, segments: segments, mapping: last > first, heldInRow: { c.bytesSinceMap += $0 }, body)
                 }
             } catch let e as StoreError { throw e } catch let e as DatabaseError { throw StoreError.sqlite(e) }
         }

@@ -135,17 +135,18 @@ final class Segments: @unchecked Sendable {
         }
     }
 
-    /// Calls `body` with the `length` bytes at `offset` of segment `id`, or with no bytes when they
+    /// Calls `body` with the `length` bytes at `offset` of segment `id` (through the segment's mapping unless
+    /// `mapping` is false: then copied with pread), or with no bytes when they
     /// cannot be read (a missing segment, a row pointing outside one): the caller's authentication
     /// then reports the chunk as damaged, never other bytes as its content.
-    func read<T>(_ id: Int64, offset: Int64, length: Int64, _ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
+    func read<T>(_ id: Int64, offset: Int64, length: Int64, mapping: Bool = true, _ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
         guard length > 0, length <= Int64(Self.maximumLength), offset >= 0, offset <= Int64.max - length,
             let f = file(id, reaching: offset + length)
         else {
             return try body(UnsafeRawBufferPointer(start: nil, count: 0))
         }
         let gathering = gatheringSegment.load(ordering: .acquiring) == id && offset + length > gatheredStart.load(ordering: .acquiring)
-        if !gathering, let base = f.mapped, offset + length <= f.mappedLength {
+        if !gathering, mapping, let base = f.mapped, offset + length <= f.mappedLength {
             defer { readMapped(f, Int(length)) }
             return try body(UnsafeRawBufferPointer(start: base + Int(offset), count: Int(length)))
         }

@@ -1,0 +1,100 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// FUSE over io_uring (FUSERing): when the kernel's fuse module offers it (`enable_uring`, root only), a mount
+/// takes its requests through ring entries, and what a user does works as through /dev/fuse: large writes and
+/// reads (a whole payload buffer), names, listings, links, xattrs, renames, and `no_uring` keeps /dev/fuse.
+/// `make test` also runs the mount suites with the knob on (its io_uring phase).
+@Suite(
+    "FUSE over io_uring", .serialized,
+    .enabled(if: E2E.fuseAvailable && RingKnob.writable, "the kernel has no FUSE over io_uring, or this is not root"))
+struct IoUringMountTests {
+    /// Turns the kernel's knob on for `body` and puts back what it was.
+    static func withRingsOffered<T>(_ body: () throws -> T) throws -> T {
+        let knob = RingKnob.path
+        let before = (try? String(contentsOfFile: knob, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "N"
+        try E2E.write(knob, "Y")
+        defer { try? E2E.write(knob, before) }
+        return try body()
+    }
+
+    static let workload = #"""
+        import hashlib, os, sys
+        m = sys.argv[1]
+        big = os.urandom(3 * 1024 * 1024 + 12345)
+        with open(m + "/big", "wb") as f: f.write(big)
+        os.sync()
+        with open(m + "/big", "rb") as f:
+            if hashlib.sha256(f.read()).digest() != hashlib.sha256(big).digest(): sys.exit("big file differs")
+        fd = os.open(m + "/big", os.O_RDONLY)
+        for off in (0, 4096, 1 << 20, 3 << 20):
+            if os.pread(fd, 5000, off) != big[off:off + 5000]: sys.exit(f"pread at {off} differs")
+        os.close(fd)
+        os.mkdir(m + "/d")
+        for i in range(300):
+            with open(f"{m}/d/f{i:03}", "w") as f: f.write(f"file {i}\n")
+        if sorted(os.listdir(m + "/d")) != [f"f{i:03}" for i in range(300)]: sys.exit("listing differs")
+        os.rename(m + "/d/f000", m + "/d/renamed")
+        os.link(m + "/d/f001", m + "/hard")
+        os.symlink("d/f002", m + "/sym")
+        if open(m + "/sym").read() != "file 2\n": sys.exit("symlink read differs")
+        os.setxattr(m + "/d/f003", "user.k", b"v" * 3000)
+        if os.getxattr(m + "/d/f003", "user.k") != b"v" * 3000: sys.exit("xattr differs")
+        os.unlink(m + "/d/f004")
+        try:
+            os.stat(m + "/d/f004"); sys.exit("unlinked file still there")
+        except FileNotFoundError: pass
+        print("ok")
+        """#
+
+    @Test func aMountServesThroughTheRingsAndEverythingWorks() throws {
+        let sb = try Sandbox("uring")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        try Self.withRingsOffered {
+            let daemon = try Child(E2E.coffer, ["mount", "-f", "--log-level", "info", sb.container, sb.mnt, "--passfile", sb.passfile])
+            defer { daemon.stop() }
+            try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
+            let r = E2E.run("/usr/bin/python3", ["-c", Self.workload, sb.mnt], timeout: 120)
+            #expect(r.ok && r.stdout.contains("ok"), "\(r)")
+            #expect(sb.unmount().ok)
+            #expect(daemon.waitForExit(30) == 0)
+            #expect(daemon.stderr.contains("requests come through io_uring"), "\(daemon.stderr.suffix(800))")
+            let served = daemon.stderr.split(separator: "\n").first { $0.contains("requests came through io_uring") }
+            let count = served.flatMap { line in line.split(separator: " ").compactMap { Int($0) }.first } ?? 0
+            #expect(count > 1000, "requests through the rings: \(served ?? "no line") in \(daemon.stderr.suffix(800))")
+        }
+        // The same content through /dev/fuse, and fsck agrees.
+        try #require(sb.mount().ok)
+        #expect(E2E.sh("test \"$(cat \(sb.mnt)/d/renamed)\" = 'file 0' && test -L \(sb.mnt)/sym && test -f \(sb.mnt)/hard").ok)
+        #expect(sb.unmount().ok)
+        let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile])
+        #expect(fsck.ok, "\(fsck)")
+    }
+
+    @Test func noUringKeepsDevFuse() throws {
+        let sb = try Sandbox("nouring")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        try Self.withRingsOffered {
+            let daemon = try Child(
+                E2E.coffer, ["mount", "-f", "--log-level", "info", sb.container, sb.mnt, "--passfile", sb.passfile, "-o", "no_uring"])
+            defer { daemon.stop() }
+            try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
+            try E2E.write(sb.mnt + "/f", "through /dev/fuse")
+            #expect(sb.unmount().ok)
+            #expect(daemon.waitForExit(30) == 0)
+            #expect(!daemon.stderr.contains("io_uring"), "\(daemon.stderr.suffix(800))")
+        }
+    }
+}
+
+/// The fuse module's switch for FUSE over io_uring (Linux 6.14+).
+enum RingKnob {
+    static let path = "/sys/module/fuse/parameters/enable_uring"
+    static var writable: Bool { access(path, W_OK) == 0 }
+}
