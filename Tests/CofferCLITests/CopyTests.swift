@@ -115,6 +115,13 @@ struct CopyTests {
         let resumed = Self.copy([sb.container, uri2, "--verify", "--passfile", sb.passfile])
         #expect(resumed.ok && resumed.stderr.contains("resuming an interrupted copy"), "\(resumed)")
         #expect(resumed.stdout.contains("verified:"), "\(resumed)")
+
+        // Killed before its first progress record was committed (the hook at 0 batches): the schema's
+        // creation went with it (one transaction), and the same command makes the whole copy.
+        let uri3 = cluster.superuserURI + "&container=third"
+        #expect(Self.copy([sb.container, uri3], killAfter: 0).status != 0, "the hook kills the copy")
+        let fresh = Self.copy([sb.container, uri3, "--verify", "--passfile", sb.passfile])
+        #expect(fresh.ok && !fresh.stderr.contains("resuming") && fresh.stdout.contains("verified:"), "\(fresh)")
     }
 
     @Test func interruptedCopyResumesAndStartsOverWhenTheSourceChanged() throws {
@@ -145,6 +152,31 @@ struct CopyTests {
         #expect(over.ok && over.stderr.contains("starting over"), "\(over)")
         changed["new.txt"] = Array("new".utf8)
         try Self.expectSameFiles(sb, copy2, changed)
+    }
+
+    /// Killed before its new store held a first progress record (the hook at 0 batches): what the kill left
+    /// is the copy's own, and the same command again makes the whole copy. A `store.db` left without a
+    /// record was refused as something else's; one that is someone else's still is, untouched.
+    @Test func copyKilledBeforeItsFirstProgressRecordStartsAfresh() throws {
+        let (sb, files) = try Self.filled("copyearly")
+        defer { sb.cleanup() }
+        let copy = sb.root + "/copy"
+        let killed = Self.copy([sb.container, copy], killAfter: 0)
+        #expect(killed.status != 0 && !killed.stdout.contains("copied"), "the hook kills the copy: \(killed)")
+        let left = (try? FileManager.default.contentsOfDirectory(atPath: copy)) ?? []
+        #expect(!left.isEmpty && !left.contains("coffer.json"), "the kill left a half-made store: \(left)")
+        let again = Self.copy([sb.container, copy, "--verify", "--passfile", sb.passfile])
+        #expect(again.ok && again.stdout.contains("copied") && again.stdout.contains("verified:"), "\(again)")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: copy))?.filter { $0.hasPrefix("store.db.") } == [], "no temporary store left")
+        Self.fsckClean(sb, copy)
+        try Self.expectSameFiles(sb, copy, files)
+
+        let other = sb.root + "/other"
+        try #require(mkdir(other, 0o755) == 0)
+        try E2E.write(other + "/store.db", "not a store")
+        let refused = Self.copy([sb.container, other])
+        #expect(refused.status == 1 && refused.stderr.contains("refusing to overwrite"), "\(refused)")
+        #expect(E2E.readText(other + "/store.db") == "not a store" && (try? FileManager.default.contentsOfDirectory(atPath: other))?.count == 1)
     }
 
     /// The progress record lies in the destination, where anyone may edit it: a count that would index out
