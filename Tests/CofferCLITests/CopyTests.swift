@@ -179,6 +179,38 @@ struct CopyTests {
         #expect(E2E.readText(other + "/store.db") == "not a store" && (try? FileManager.default.contentsOfDirectory(atPath: other))?.count == 1)
     }
 
+    /// A full disk under DEST is said to be DEST's (not the container's), status 1 (not 13, a damaged store),
+    /// for a mounted source (its daemon writes the snapshot beside DEST) and an unmounted one; with room
+    /// made, the same command finishes the copy.
+    @Test(.enabled(if: E2E.isRoot, "a tmpfs of fixed size needs root"))
+    func aFullDestinationDiskIsDestsAndNotADamagedStore() throws {
+        let sb = try Sandbox("copyfull")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/big.bin", E2E.randomBytes(12 << 20))
+        #expect(E2E.sh("sync '\(sb.mnt)/big.bin'").ok)
+        let disk = sb.root + "/small"
+        try #require(mkdir(disk, 0o700) == 0)
+        let tmpfs = E2E.sh("mount -t tmpfs -o size=5m tmpfs '\(disk)'")
+        try #require(tmpfs.ok, "\(tmpfs)")
+        defer { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") }
+
+        let mounted = Self.copy([sb.container, disk + "/b1"])
+        #expect(mounted.status == 1, "\(mounted)")
+        #expect(mounted.stderr.contains("DEST \(disk)/b1: no space left beside it (in \(disk)) for the snapshot of the mounted SRC"), "\(mounted)")
+        #expect(!mounted.stderr.contains("container's disk") && !mounted.stderr.contains("SRC:"), "\(mounted)")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: disk))?.filter { $0.hasPrefix(".coffer-snapshot-") } == [])
+        try #require(sb.unmount().ok)
+
+        let unmounted = Self.copy([sb.container, disk + "/b2"])
+        #expect(unmounted.status == 1 && unmounted.stderr.contains("DEST \(disk)/b2: no space left on its disk"), "\(unmounted)")
+        #expect(!unmounted.stderr.contains("container's disk"), "\(unmounted)")
+
+        try #require(E2E.sh("mount -o remount,size=100m '\(disk)'").ok)
+        let again = Self.copy([sb.container, disk + "/b2", "--verify", "--passfile", sb.passfile])
+        #expect(again.ok && again.stdout.contains("verified:"), "\(again)")
+    }
+
     /// The progress record lies in the destination, where anyone may edit it: a count that would index out
     /// of range is refused with a clear error, never a crash.
     @Test func anEditedProgressRecordIsRefused() throws {
