@@ -28,7 +28,8 @@ public final class StoreCopy {
     public var batchBytes = 8 << 20
     /// Called with (rows copied, rows in all) after every batch.
     public var progress: (Int, Int) -> Void = { _, _ in }
-    /// Called with the number of batches committed so far (the CLI's interruption hook).
+    /// Called with the number of batches committed so far (the CLI's interruption hook); with 0 once the
+    /// new destination store is made, before its first commit.
     public var afterBatch: (Int) -> Void = { _ in }
     /// One line for the user (resuming, starting over).
     public var notice: (String) -> Void = { _ in }
@@ -152,8 +153,16 @@ public final class StoreCopy {
     /// Commits the batch with the progress that counts it (one transaction), and the source's state
     /// row as it is (the engine writes it with every commit).
     private func checkpoint(_ d: any StoreBackend) throws {
+        try commitProgress(d)
+        batchCommitted()
+    }
+
+    private func commitProgress(_ d: any StoreBackend) throws {
         try d.setCopyProgress(try JSONEncoder().encode(p).map { $0 })
         _ = try d.commit(durable: p.step == Step.finished.rawValue) { () throws(StoreError) -> [UInt8] in source.state }
+    }
+
+    private func batchCommitted() {
         pendingRows = 0
         pendingBytes = 0
         batches += 1
@@ -220,21 +229,36 @@ public final class StoreCopy {
     }
 
     /// A new, empty store of the destination's engine with the source's schema rows and the first
-    /// progress record, in one transaction.
+    /// progress record, in one transaction. A directory's store is made under a temporary name and
+    /// renamed to `store.db` only then: a copy killed before leaves no `store.db` without a progress
+    /// record (which would be refused as someone else's), only that name, cleared by the next run
+    /// (CopyDestination.openDirectory). PostgreSQL's schema, tables and first record are one transaction.
     private func create() throws {
-        let store: any StoreBackend
         switch destination {
         case .directory(let path):
-            store = try SQLiteBackend.create(at: path + "/" + SQLiteBackend.fileName, chunkSize: source.chunkSize)
-            chmod(path + "/" + SQLiteBackend.fileName, 0o600)
-            // So that another process can read what a killed copy committed (SQLiteBackend.keepSharedMemoryFile).
-            SQLiteBackend.keepSharedMemoryFile(path + "/" + SQLiteBackend.fileName)
+            let temporary = path + "/" + CopyDestination.newStoreName, final = path + "/" + SQLiteBackend.fileName
+            let store = try SQLiteBackend.create(at: temporary, chunkSize: source.chunkSize)
+            chmod(temporary, 0o600)
+            afterBatch(0)
+            try store.initializeSchema(source.schema)
+            try commitProgress(store)
+            store.close()
+            // Its WAL was folded in (close removes an empty one): the record is in the file renamed.
+            guard access(temporary + "-wal", F_OK) != 0 else { throw StoreError.database("\(temporary): the new store's WAL was not folded in") }
+            guard rename(temporary, final) == 0 else { throw StoreError.database("\(final): \(String(cString: strerror(errno)))") }
+            let reopened = try SQLiteBackend.open(at: final, readOnly: false)
+            dest = reopened
+            // startWriting keeps the -shm, so that another process can read what a killed copy committed
+            // (SQLiteBackend.keepSharedMemoryFile).
+            try reopened.startWriting()
         case .postgres(let location):
-            store = try PostgresBackend.create(location, header: nil)
+            let store = try PostgresBackend.create(location, header: nil)
+            dest = store
+            afterBatch(0)
+            try store.initializeSchema(source.schema)
+            try commitProgress(store)
         }
-        dest = store
-        try store.initializeSchema(source.schema)
-        try checkpoint(store)
+        batchCommitted()
     }
 }
 

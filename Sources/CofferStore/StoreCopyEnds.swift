@@ -83,6 +83,10 @@ enum CopyDestination {
         guard (st.st_mode & S_IFMT) == S_IFDIR else { throw CopyRefusal("\(path) exists and is not a directory: refusing to overwrite it") }
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: path)) ?? ["?"]
         if entries.isEmpty { return nil }
+        if holdsOnlyLeftovers(path, entries) {
+            removeStore(path)
+            return nil
+        }
         let headerId = headerIdIn(path)
         if let headerId, headerId != source.containerId.hexString { throw refusal(path, headerId: headerId, source: source) }
         let storePath = path + "/" + SQLiteBackend.fileName
@@ -115,16 +119,35 @@ enum CopyDestination {
         return store
     }
 
-    /// An unfinished copy started over: its files go, the header first (it must not be mounted half-copied).
-    static func removeStore(_ path: String) {
-        for f in [
-            ContainerHeader.fileName, SQLiteBackend.fileName, SQLiteBackend.fileName + "-wal", SQLiteBackend.fileName + "-shm", "coffer.reserve"
-        ] {
-            unlink(path + "/" + f)
+    /// The name a new store is made under until it holds its first progress record (StoreCopy.create).
+    static let newStoreName = SQLiteBackend.fileName + ".new"
+
+    /// What a copy killed before its store held a progress record leaves (StoreCopy.create), or one killed
+    /// while an unfinished copy was removed (`removeStore`): the store under its temporary name, the files
+    /// beside a store, and the segments directory, empty unless that store is there (a removal under way).
+    /// No container and nobody's data: the copy starts afresh there.
+    private static func holdsOnlyLeftovers(_ path: String, _ entries: [String]) -> Bool {
+        let companions = ["-journal", "-wal", "-shm"]
+        let ours = Set([newStoreName, SpaceReserve.fileName] + companions.flatMap { [newStoreName + $0, SQLiteBackend.fileName + $0] })
+        let segments = try? FileManager.default.contentsOfDirectory(atPath: path + "/" + Segments.directoryName)
+        return entries.allSatisfy { name in
+            ours.contains(name) || (name == Segments.directoryName && segments.map { $0.isEmpty || entries.contains(newStoreName) } == true)
         }
+    }
+
+    /// An unfinished copy started over: its files go, the header first (it must not be mounted half-copied),
+    /// then the store, renamed to its temporary name so that a copy killed on the way leaves either a store
+    /// with its progress record or leftovers only (`holdsOnlyLeftovers`), which goes last.
+    static func removeStore(_ path: String) {
+        unlink(path + "/" + ContainerHeader.fileName)
+        rename(path + "/" + SQLiteBackend.fileName, path + "/" + newStoreName)
         let segments = path + "/" + Segments.directoryName
         for f in (try? FileManager.default.contentsOfDirectory(atPath: segments)) ?? [] { unlink(segments + "/" + f) }
         rmdir(segments)
+        for f in [SpaceReserve.fileName] + ["-journal", "-wal", "-shm"].flatMap({ [SQLiteBackend.fileName + $0, newStoreName + $0] }) + [newStoreName]
+        {
+            unlink(path + "/" + f)
+        }
     }
 
     private static func headerIdIn(_ path: String) -> String? {

@@ -122,7 +122,10 @@ final class ControlServer: @unchecked Sendable {
     private func createTarget(_ target: String) throws {
         guard target.hasPrefix("/"), !target.hasSuffix("/") else { throw CLIFailure(message: "the path is not absolute", code: 1) }
         let fd = open(target, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw CLIFailure(message: "\(target): \(String(cString: strerror(errno)))", code: 1) }
+        guard fd >= 0 else {
+            if errno == ENOSPC || errno == EDQUOT { throw CLIFailure(message: ControlSocket.noRoomForSnapshot, code: 1) }
+            throw CLIFailure(message: "\(target): \(String(cString: strerror(errno)))", code: 1)
+        }
         close(fd)
     }
 

@@ -10,6 +10,10 @@ enum ControlSocket {
     /// Longest request or answer line read.
     static let maxLine = 8192
 
+    /// The message of the answer to `snapshot` when the disk the snapshot is written to (the caller's) has
+    /// no room, told apart from a full container disk (at the commit before it): the caller names its disk.
+    static let noRoomForSnapshot = "no space left on the disk the snapshot is written to"
+
     /// `$XDG_RUNTIME_DIR/coffer`, else `run` in the state directory (GenerationLedger's), as seen in `env`.
     static func directory(environment env: [String: String]) -> String {
         if let r = env["XDG_RUNTIME_DIR"], r.hasPrefix("/") { return r + "/coffer" }

@@ -83,7 +83,13 @@ struct CopyCommand: ParsableCommand {
         let env = ProcessInfo.processInfo.environment
         if let b = env["COFFER_COPY_TEST_BATCH_BYTES"].flatMap(Int.init) { copier.batchBytes = b }
         if let n = env["COFFER_COPY_TEST_KILL_AFTER"].flatMap(Int.init) { copier.afterBatch = { if $0 >= n { kill(getpid(), SIGKILL) } } }
-        do { return try copier.run() } catch let e as CopyRefusal { throw CLIFailure(message: e.description, code: ExitStatus.failure) }
+        do { return try copier.run() } catch let e as CopyRefusal {
+            throw CLIFailure(message: e.description, code: ExitStatus.failure)
+        } catch let e as StoreError where e == .diskFull {
+            // Only DEST is written (the source is read in a snapshot): its disk is the full one, and no store is damaged.
+            let disk = if case .directory = dst { "its disk" } else { "its server's disk" }
+            throw CLIFailure(message: "DEST \(dst): no space left on \(disk); make room and run the same command again", code: ExitStatus.failure)
+        }
     }
 
     /// A mounted directory source is read from a snapshot its daemon writes near the destination (its
@@ -97,10 +103,17 @@ struct CopyCommand: ParsableCommand {
             let id = try Container.open(at: root).header.containerId
             var near = ProcessInfo.processInfo.environment["TMPDIR"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? "/tmp"
             if case .directory(let d) = dst { near = (Container.absolutePath(d) as NSString).deletingLastPathComponent }
-            guard let pid = ContainerLock.holder(root: root), let taken = try DaemonSnapshot.take(containerId: id, daemon: pid, near: near) else {
-                throw f
+            do {
+                guard let pid = ContainerLock.holder(root: root), let taken = try DaemonSnapshot.take(containerId: id, daemon: pid, near: near) else {
+                    throw f
+                }
+                return (nil, (root, taken))
+            } catch is DaemonSnapshot.NoRoom {
+                let place =
+                    if case .directory = dst { "DEST \(dst): no space left beside it (in \(near))" } else { "no space left in \(near) ($TMPDIR)" }
+                throw CLIFailure(
+                    message: "\(place) for the snapshot of the mounted SRC; make room and run the same command again", code: ExitStatus.failure)
             }
-            return (nil, (root, taken))
         }
     }
 

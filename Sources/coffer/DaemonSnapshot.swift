@@ -10,6 +10,9 @@ final class DaemonSnapshot {
 
     private init(directory: String) { self.directory = directory }
 
+    /// The disk of `near` has no room for the snapshot: the copy's side (DEST's, or $TMPDIR's), not SRC's.
+    struct NoRoom: Error {}
+
     /// Asks daemon `pid` of the container `containerId` for a snapshot in a new private directory in
     /// `near`. nil when that daemon has no control socket (an older version).
     static func take(containerId: String, daemon pid: pid_t, near: String) throws -> DaemonSnapshot? {
@@ -23,6 +26,7 @@ final class DaemonSnapshot {
         guard answer == "OK" else {
             snapshot.remove()
             let why = answer.map { $0.hasPrefix("ERR ") ? String($0.dropFirst(4)) : $0 } ?? "no answer"
+            if why == ControlSocket.noRoomForSnapshot { throw NoRoom() }
             throw failure("the mount daemon (pid \(pid)) could not take a snapshot: \(why)")
         }
         return snapshot
@@ -39,7 +43,10 @@ final class DaemonSnapshot {
     private static func makePrivateDirectory(near parent: String, owner: uid_t) throws -> String {
         var template = Array("\(parent)/.coffer-snapshot-XXXXXX".utf8CString)
         let made = template.withUnsafeMutableBufferPointer { b in b.baseAddress.flatMap { mkdtemp($0) }.map { String(cString: $0) } }
-        guard let dir = made else { throw failure("cannot create a temporary directory in \(parent): \(String(cString: strerror(errno)))") }
+        guard let dir = made else {
+            if errno == ENOSPC || errno == EDQUOT { throw NoRoom() }
+            throw failure("cannot create a temporary directory in \(parent): \(String(cString: strerror(errno)))")
+        }
         if owner != geteuid(), chown(dir, owner, gid_t.max) != 0 {
             let e = errno
             rmdir(dir)

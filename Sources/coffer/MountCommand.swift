@@ -263,7 +263,9 @@ struct MountCommand: ParsableCommand {
                     containerId: c.header.containerId, logger: logger,
                     snapshot: { [fs, store] path in
                         if !store.readOnly { try fs.commit() }
-                        try store.snapshot(into: path)
+                        do { try store.snapshot(into: path) } catch StoreError.diskFull {
+                            throw CLIFailure(message: ControlSocket.noRoomForSnapshot, code: ExitStatus.failure)
+                        }
                     },
                     status: { [fs] in
                         let (generation, n) = try fs.committedCounts()

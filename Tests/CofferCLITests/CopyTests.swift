@@ -115,6 +115,13 @@ struct CopyTests {
         let resumed = Self.copy([sb.container, uri2, "--verify", "--passfile", sb.passfile])
         #expect(resumed.ok && resumed.stderr.contains("resuming an interrupted copy"), "\(resumed)")
         #expect(resumed.stdout.contains("verified:"), "\(resumed)")
+
+        // Killed before its first progress record was committed (the hook at 0 batches): the schema's
+        // creation went with it (one transaction), and the same command makes the whole copy.
+        let uri3 = cluster.superuserURI + "&container=third"
+        #expect(Self.copy([sb.container, uri3], killAfter: 0).status != 0, "the hook kills the copy")
+        let fresh = Self.copy([sb.container, uri3, "--verify", "--passfile", sb.passfile])
+        #expect(fresh.ok && !fresh.stderr.contains("resuming") && fresh.stdout.contains("verified:"), "\(fresh)")
     }
 
     @Test func interruptedCopyResumesAndStartsOverWhenTheSourceChanged() throws {
@@ -145,6 +152,63 @@ struct CopyTests {
         #expect(over.ok && over.stderr.contains("starting over"), "\(over)")
         changed["new.txt"] = Array("new".utf8)
         try Self.expectSameFiles(sb, copy2, changed)
+    }
+
+    /// Killed before its new store held a first progress record (the hook at 0 batches): what the kill left
+    /// is the copy's own, and the same command again makes the whole copy. A `store.db` left without a
+    /// record was refused as something else's; one that is someone else's still is, untouched.
+    @Test func copyKilledBeforeItsFirstProgressRecordStartsAfresh() throws {
+        let (sb, files) = try Self.filled("copyearly")
+        defer { sb.cleanup() }
+        let copy = sb.root + "/copy"
+        let killed = Self.copy([sb.container, copy], killAfter: 0)
+        #expect(killed.status != 0 && !killed.stdout.contains("copied"), "the hook kills the copy: \(killed)")
+        let left = (try? FileManager.default.contentsOfDirectory(atPath: copy)) ?? []
+        #expect(!left.isEmpty && !left.contains("coffer.json"), "the kill left a half-made store: \(left)")
+        let again = Self.copy([sb.container, copy, "--verify", "--passfile", sb.passfile])
+        #expect(again.ok && again.stdout.contains("copied") && again.stdout.contains("verified:"), "\(again)")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: copy))?.filter { $0.hasPrefix("store.db.") } == [], "no temporary store left")
+        Self.fsckClean(sb, copy)
+        try Self.expectSameFiles(sb, copy, files)
+
+        let other = sb.root + "/other"
+        try #require(mkdir(other, 0o755) == 0)
+        try E2E.write(other + "/store.db", "not a store")
+        let refused = Self.copy([sb.container, other])
+        #expect(refused.status == 1 && refused.stderr.contains("refusing to overwrite"), "\(refused)")
+        #expect(E2E.readText(other + "/store.db") == "not a store" && (try? FileManager.default.contentsOfDirectory(atPath: other))?.count == 1)
+    }
+
+    /// A full disk under DEST is said to be DEST's (not the container's), status 1 (not 13, a damaged store),
+    /// for a mounted source (its daemon writes the snapshot beside DEST) and an unmounted one; with room
+    /// made, the same command finishes the copy.
+    @Test(.enabled(if: E2E.isRoot, "a tmpfs of fixed size needs root"))
+    func aFullDestinationDiskIsDestsAndNotADamagedStore() throws {
+        let sb = try Sandbox("copyfull")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/big.bin", E2E.randomBytes(12 << 20))
+        #expect(E2E.sh("sync '\(sb.mnt)/big.bin'").ok)
+        let disk = sb.root + "/small"
+        try #require(mkdir(disk, 0o700) == 0)
+        let tmpfs = E2E.sh("mount -t tmpfs -o size=5m tmpfs '\(disk)'")
+        try #require(tmpfs.ok, "\(tmpfs)")
+        defer { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") }
+
+        let mounted = Self.copy([sb.container, disk + "/b1"])
+        #expect(mounted.status == 1, "\(mounted)")
+        #expect(mounted.stderr.contains("DEST \(disk)/b1: no space left beside it (in \(disk)) for the snapshot of the mounted SRC"), "\(mounted)")
+        #expect(!mounted.stderr.contains("container's disk") && !mounted.stderr.contains("SRC:"), "\(mounted)")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: disk))?.filter { $0.hasPrefix(".coffer-snapshot-") } == [])
+        try #require(sb.unmount().ok)
+
+        let unmounted = Self.copy([sb.container, disk + "/b2"])
+        #expect(unmounted.status == 1 && unmounted.stderr.contains("DEST \(disk)/b2: no space left on its disk"), "\(unmounted)")
+        #expect(!unmounted.stderr.contains("container's disk"), "\(unmounted)")
+
+        try #require(E2E.sh("mount -o remount,size=100m '\(disk)'").ok)
+        let again = Self.copy([sb.container, disk + "/b2", "--verify", "--passfile", sb.passfile])
+        #expect(again.ok && again.stdout.contains("verified:"), "\(again)")
     }
 
     /// The progress record lies in the destination, where anyone may edit it: a count that would index out
