@@ -25,6 +25,8 @@ let package = Package(
         .target(name: "CMappedFault"),
         // Beside the system libraries: hole punching, early writeback and O_DIRECT for segment files (GNU calls).
         .target(name: "CFileSpace"),
+        // Beside the system libraries: a mount's SIGINT/SIGTERM/SIGHUP handler, which only writes to a pipe (C: a signal handler).
+        .target(name: "CStopSignals"),
 
         // Layer 5: crypto primitives and locked key memory.
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
@@ -50,7 +52,7 @@ let package = Package(
         .target(
             name: "CofferFUSE",
             dependencies: [
-                "CofferFS", "CFuse3",
+                "CofferFS", "CFuse3", "CStopSignals",
                 .product(name: "Logging", package: "swift-log")
             ]),
         // Layer 1: the `coffer` command.
