@@ -27,6 +27,8 @@ let package = Package(
         .target(name: "CFileSpace"),
         // Beside libfuse 3.14: FUSE over io_uring (liburing), which that libfuse does not know.
         .target(name: "CFuseRing", linkerSettings: [.linkedLibrary("uring")]),
+        // Beside the system libraries: a mount's SIGINT/SIGTERM/SIGHUP handler, which only writes to a pipe (C: a signal handler).
+        .target(name: "CStopSignals"),
 
         // Layer 5: crypto primitives and locked key memory.
         .target(name: "CofferCrypto", dependencies: ["CCrypto", "CArgon2"]),
@@ -52,7 +54,7 @@ let package = Package(
         .target(
             name: "CofferFUSE",
             dependencies: [
-                "CofferFS", "CFuse3", "CFuseRing",
+                "CofferFS", "CFuse3", "CFuseRing", "CStopSignals",
                 .product(name: "Logging", package: "swift-log")
             ]),
         // Layer 1: the `coffer` command.

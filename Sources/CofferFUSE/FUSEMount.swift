@@ -1,4 +1,5 @@
 import CFuse3
+import CStopSignals
 import CofferFS
 import Foundation
 import Glibc
@@ -19,12 +20,20 @@ public final class FUSEMount: @unchecked Sendable {
     private let logger: Logger
 
     private enum Phase { case idle, starting, running, finished }
+    /// How far a stop signal's unmount went: `unmounting` (flushing, then unmounting), `detached` (lazily: programs
+    /// still use the mount), `unmounted` (the kernel ends the connection once nothing holds the mount).
+    private enum Stop { case none, unmounting, detached, unmounted }
     /// The session pointer, shared with requestExit and the watcher only under `state`'s lock.
     private struct SessionRef: @unchecked Sendable { let pointer: OpaquePointer }
     private struct State {
         var phase: Phase = .idle
         var session: SessionRef?
         var exitRequested = false
+        var stop = Stop.none
+        /// The thread in the session loop, interrupted to wake it once the path no longer leads to this mount.
+        var loopThread: pthread_t?
+        /// A second stop signal ended the loop while programs still used the mount.
+        var endedInUse = false
     }
     private let state = Mutex(State())
 
@@ -76,7 +85,14 @@ public final class FUSEMount: @unchecked Sendable {
         }
     }
 
-    /// Asks the loop to end (like SIGTERM). Safe from any thread, before, during or after `run`.
+    /// True when a second SIGINT/SIGTERM/SIGHUP ended the loop while programs still used the mount: what they
+    /// had written but the kernel had not yet handed over may be lost.
+    public var endedWhileInUse: Bool { state.withLock { $0.endedInUse } }
+
+    /// True once a stop signal has been received: the mount is being unmounted (or detached, waiting for its users).
+    public var isStopping: Bool { state.withLock { $0.stop != .none || $0.exitRequested } }
+
+    /// Asks the loop to end at once (as a second SIGTERM). Safe from any thread, before, during or after `run`.
     public func requestExit() {
         let wake: Bool = state.withLock { s in
             s.exitRequested = true
@@ -97,11 +113,21 @@ public final class FUSEMount: @unchecked Sendable {
             var s = statvfs()
             _ = statvfs(path, &s)
         }
+        interruptLoop()
+    }
+
+    /// Once a stop signal has unmounted (or detached) the mount, the path leads elsewhere and no statfs reaches
+    /// the loop: interrupt the loop's thread's wait instead. Under the lock, so the thread is still in `run`.
+    private func interruptLoop() {
+        state.withLock { s in
+            if s.phase == .running, s.stop != .none, let thread = s.loopThread { _ = coffer_stop_signals_wake(thread) }
+        }
     }
 
     /// Mounts, serves (multi-threaded unless `singleThreaded`) and blocks until unmounted (fusermount3 -u),
-    /// SIGINT/SIGTERM/SIGHUP or `requestExit()`. `onReady` is called once, from another thread, once a stat(2) of
-    /// the mountpoint has been answered by this session. `onStopping` is called once the loop has ended (unmount
+    /// SIGINT/SIGTERM/SIGHUP (which unmount as `coffer unmount` does: `stopOnSignal`) or `requestExit()`.
+    /// `onReady` is called once, from another thread, once a stat(2) of the mountpoint has been answered by
+    /// this session. `onStopping` is called once the loop has ended (unmount
     /// begins; the service manager hears STOPPING=1 before the final commit). On return the mountpoint is
     /// unmounted, the session destroyed and `shutdown()` called.
     public func run(onReady: @escaping @Sendable () -> Void, onStopping: (@Sendable () -> Void)? = nil) throws {
@@ -165,18 +191,27 @@ public final class FUSEMount: @unchecked Sendable {
         }
         var mounted = false
         var ownsSignals = false
+        var signalPipe: Int32 = -1
         defer {
             if ownsSignals {
+                coffer_stop_signals_remove()
                 fuse_remove_signal_handlers(se)
                 Self.signalHandlerOwner.withLock { $0 = nil }
             }
-            state.withLock {
-                $0.phase = .finished
-                $0.session = nil
+            if signalPipe >= 0 { close(signalPipe) }  // watchStopSignals reads the end of it and returns
+            let stop = state.withLock { s -> Stop in
+                s.phase = .finished
+                s.session = nil
+                return s.stop
             }
             // Parked lock requests are answered (EINTR) while the session still exists.
             ctx.lockWaiters.stop()
-            if mounted { fuse_session_unmount(se) }
+            if mounted && stop != .none && stop != .unmounting {
+                // Unmounted by a stop signal: the path may hold another mount by now, and must not be unmounted.
+                Self.endConnection(se)
+            } else if mounted {
+                fuse_session_unmount(se)
+            }
             // A store (or a lock's page drop) blocked on a page a READ holds (no worker answers it now) ends
             // when the connection does; if it has not, the session must outlive it (the process is about to exit).
             let pagesDropped = ctx.lockWaiters.detach(), entriesDropped = ctx.kernelNotifier.stop()
@@ -198,12 +233,22 @@ public final class FUSEMount: @unchecked Sendable {
             // A process started in the background inherits SIGINT ignored; libfuse only replaces SIG_DFL.
             // Same for SIGTERM and SIGHUP, so that libfuse's handlers always go in.
             for sig in [SIGINT, SIGTERM, SIGHUP] { _ = signal(sig, SIG_DFL) }
-            if fuse_set_signal_handlers(se) != 0 {
+            // libfuse's handlers (SIGPIPE ignored), then ours over them for the three stop signals.
+            var fds: [Int32] = [-1, -1]
+            let installed =
+                fuse_set_signal_handlers(se) == 0 && pipe(&fds) == 0 && fcntl(fds[0], F_SETFD, FD_CLOEXEC) == 0
+                && fcntl(fds[1], F_SETFD, FD_CLOEXEC) == 0 && fcntl(fds[1], F_SETFL, O_NONBLOCK) == 0 && coffer_stop_signals_install(fds[1]) == 0
+            if !installed {
+                for fd in fds where fd >= 0 { close(fd) }
+                fuse_remove_signal_handlers(se)
                 Self.signalHandlerOwner.withLock { $0 = nil }
                 ownsSignals = false
                 logger.error("FUSE: could not install signal handlers")
                 throw FUSEMountError.signalHandlersFailed
             }
+            signalPipe = fds[1]
+            let readEnd = fds[0]
+            Thread.detachNewThread { [self] in watchStopSignals(readEnd) }
         } else {
             logger.debug("FUSE: another mount in this process owns the signal handlers")
         }
@@ -227,6 +272,7 @@ public final class FUSEMount: @unchecked Sendable {
         }
         state.withLock { s in
             s.session = SessionRef(pointer: se)
+            s.loopThread = pthread_self()
             s.phase = .running
             if s.exitRequested { fuse_session_exit(se) }
         }
@@ -322,6 +368,7 @@ public final class FUSEMount: @unchecked Sendable {
                     if sinceWake == 0 {
                         var s = statvfs()
                         _ = statvfs(path, &s)
+                        interruptLoop()
                     }
                     sinceWake = (sinceWake + 1) % 5
                 }
@@ -331,4 +378,142 @@ public final class FUSEMount: @unchecked Sendable {
     }
 
     private var isRunning: Bool { state.withLock { $0.phase == .running } }
+
+    /// Reads the stop signals' pipe until `run` closes its other end. The first signal unmounts, on a thread of
+    /// its own (flushing can take long); the same signal again ends the loop at once, as libfuse's handler did.
+    private func watchStopSignals(_ fd: Int32) {
+        defer { close(fd) }
+        var first: Int32 = 0
+        while true {
+            var byte: UInt8 = 0
+            let n = read(fd, &byte, 1)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { return }
+            let sig = Int32(byte)
+            if first == 0 {
+                first = sig
+                Thread.detachNewThread { [self] in stopOnSignal(sig) }
+            } else if sig == first {
+                endOnRepeatedSignal(sig)
+            } else {
+                logger.notice("\(Self.name(sig)) ignored while unmounting: send \(Self.name(first)) again to end at once")
+            }
+        }
+    }
+
+    /// A stop signal unmounts as `coffer unmount` does, never dropping what the kernel holds: the kernel's dirty
+    /// pages are flushed through the running loop (syncfs), then a normal unmount lets the kernel end the
+    /// connection, which ends the loop. A mount in use (open files, a working directory) is detached instead, as
+    /// `coffer unmount --lazy`, and served until the last program lets go.
+    private func stopOnSignal(_ sig: Int32) {
+        let name = Self.name(sig)
+        let mounted = state.withLock { s -> Bool in
+            guard s.phase == .running, !s.exitRequested, s.stop == .none else { return false }
+            s.stop = .unmounting
+            return true
+        }
+        guard mounted else {
+            // Not mounted yet (or already ending): nothing to flush.
+            logger.info("\(name): ending")
+            requestExit()
+            return
+        }
+        logger.info("\(name): unmounting \(mountpoint) (the kernel's cached writes are written first)")
+        let fd = open(mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if fd < 0 || coffer_syncfs(fd) != 0 {
+            logger.warning("\(name): cannot flush \(mountpoint) before unmounting: \(String(cString: strerror(errno)))")
+        }
+        if fd >= 0 { close(fd) }
+        var result = Self.unmount(mountpoint, lazy: false)
+        var lazy = false
+        if case .busy = result, state.withLock({ $0.phase == .running && !$0.exitRequested }) {
+            lazy = true
+            result = Self.unmount(mountpoint, lazy: true)
+        }
+        switch result {
+        case .done:
+            let ending = state.withLock { s -> Bool in
+                if s.stop == .unmounting { s.stop = lazy ? .detached : .unmounted }
+                return s.exitRequested
+            }
+            if lazy && !ending {
+                logger.notice(
+                    "\(mountpoint) is in use: detached; serving the programs that still use it until the last one lets go (\(name) again ends at once, losing what they have not written)"
+                )
+            }
+        case .busy, .failed:
+            if !isRunning { return }
+            logger.error("\(name): cannot unmount \(mountpoint) (\(result)); ending the session")
+            state.withLock { $0.stop = .none }
+            requestExit()
+        }
+    }
+
+    /// The same stop signal again: the loop ends now, and any program still using the mount loses what the kernel
+    /// had not handed over yet (said in the log, and by `endedWhileInUse`).
+    private func endOnRepeatedSignal(_ sig: Int32) {
+        let inUse = state.withLock { s -> Bool in
+            guard s.phase == .running, s.stop == .unmounting || s.stop == .detached else { return false }
+            s.endedInUse = true
+            return true
+        }
+        if inUse {
+            logger.error(
+                "\(Self.name(sig)) again: ending now while programs still use \(mountpoint); changes they have not fsynced may be lost")
+        } else {
+            logger.notice("\(Self.name(sig)) again: ending now")
+        }
+        requestExit()
+    }
+
+    private enum UnmountResult: CustomStringConvertible {
+        case done, busy
+        case failed(String)
+        var description: String {
+            switch self {
+            case .done: "done"
+            case .busy: "busy"
+            case .failed(let why): why
+            }
+        }
+    }
+
+    /// Unmounts `path` as `coffer unmount [--lazy]` does: umount2 as root, else fusermount3 -u [-z].
+    private static func unmount(_ path: String, lazy: Bool) -> UnmountResult {
+        if geteuid() == 0 {
+            if umount2(path, (lazy ? Int32(MNT_DETACH) : 0) | Int32(UMOUNT_NOFOLLOW)) == 0 { return .done }
+            let err = errno
+            return err == EBUSY ? .busy : .failed(String(cString: strerror(err)))
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
+        process.arguments = ["-u"] + (lazy ? ["-z"] : []) + [path]
+        let errPipe = Pipe()
+        process.standardError = errPipe
+        do { try process.run() } catch { return .failed("\(error)") }
+        let why = String(decoding: errPipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        if process.terminationStatus == 0 { return .done }
+        return why.contains("busy") ? .busy : .failed(why.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    /// Ends the connection without unmounting by path (what `fuse_session_unmount` does after closing the device):
+    /// the session's descriptor is replaced by /dev/null, so the device's last close ends the connection now and
+    /// `fuse_session_destroy` closes /dev/null.
+    private static func endConnection(_ se: OpaquePointer) {
+        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
+        guard null >= 0 else { return }
+        let fd = fuse_session_fd(se)
+        if dup2(null, fd) == fd { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        close(null)
+    }
+
+    private static func name(_ sig: Int32) -> String {
+        switch sig {
+        case SIGINT: "SIGINT"
+        case SIGTERM: "SIGTERM"
+        case SIGHUP: "SIGHUP"
+        default: "signal \(sig)"
+        }
+    }
 }

@@ -13,7 +13,7 @@ struct MountCommand: ParsableCommand {
         abstract: "Mount a container on an empty directory.",
         discussion: """
             Returns once the mount answers, leaving the daemon in the background (-f: stay in the foreground; \
-            SIGINT/SIGTERM unmount). Unmount with `coffer unmount DIR`, which returns once everything is \
+            SIGINT/SIGTERM unmount as `coffer unmount` does, detaching a mount in use; the same signal again ends at once). Unmount with `coffer unmount DIR`, which returns once everything is \
             committed, or `fusermount3 -u DIR`. The container and the mountpoint are checked before any \
             password is asked.
 
@@ -141,6 +141,7 @@ struct MountCommand: ParsableCommand {
         Self.raiseOpenFileLimit()
         do {
             let mount = try prepare(target: t, options: opts, secret: secret, logger: logger, notifier: notifier)
+            health.healthyWhile { mount.fuse.isStopping }
             let where_ = "\(mount.containerRoot) on \(mount.mountpoint)"
             try mount.run(
                 onReady: {
@@ -388,6 +389,11 @@ final class PreparedMount: @unchecked Sendable {
         keys.wipe()
         lock.release()
         if let why = fs.finalCommitFailure { throw CLIFailure(message: why, code: ExitStatus.failure) }
+        if fuse.endedWhileInUse {
+            throw CLIFailure(
+                message: "ended by a second signal while programs still used \(mountpoint): changes they had not fsynced may be lost",
+                code: ExitStatus.failure)
+        }
     }
 }
 
@@ -398,6 +404,15 @@ final class MountHealth: @unchecked Sendable {
     private let lock = NSLock()
     private var mountpoint: String?
     private var device: UInt?
+    /// True while a stop signal's unmount waits for the mount's last users: the path no longer leads to the
+    /// mount, and the watchdog must not kill what still serves them.
+    private var stopping: @Sendable () -> Bool = { false }
+
+    func healthyWhile(_ stopping: @escaping @Sendable () -> Bool) {
+        lock.lock()
+        self.stopping = stopping
+        lock.unlock()
+    }
 
     func watch(_ path: String) {
         var st = stat()
@@ -417,9 +432,10 @@ final class MountHealth: @unchecked Sendable {
 
     func isHealthy() -> Bool {
         lock.lock()
-        let path = mountpoint, dev = device
+        let path = mountpoint, dev = device, stopping = stopping
         lock.unlock()
         guard let path else { return true }
+        if stopping() { return true }
         var vfs = statvfs()
         guard statvfs(path, &vfs) == 0 else { return false }
         var st = stat()

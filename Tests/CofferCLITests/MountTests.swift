@@ -445,6 +445,96 @@ struct MountTests {
         #expect(sb.unmount().ok)
     }
 
+    /// SIGTERM while a program holds a file it wrote (no fsync: the bytes sit in the kernel's writeback cache)
+    /// unmounts as `coffer unmount --lazy` does: the daemon serves the program until it closes, then commits
+    /// and exits 0. Before, libfuse's handler ended the loop and the session was dropped: the close failed
+    /// (ENOTCONN) and the file was empty after a remount. An idle mount still ends at once.
+    @Test func sigtermWaitsForAProgramStillWritingThenCommitsItsBytes() throws {
+        guard E2E.python != nil else { return }
+        let sb = try Sandbox("sigtermbusy")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let daemon = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
+        defer { daemon.stop() }
+        try #require(E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }, "mount did not come up: \(daemon.stderr)")
+        let data = E2E.randomBytes(300_000)
+        try E2E.write(sb.root + "/src", data)
+        let writer = try Child(E2E.python!, ["-c", Self.heldWriter, sb.root + "/src", sb.mnt + "/held.bin", sb.root + "/written", sb.root + "/go"])
+        defer {
+            writer.spawned.signal(SIGKILL)
+            writer.stop()
+        }
+        try #require(E2E.wait(20) { FileManager.default.fileExists(atPath: sb.root + "/written") }, "writer: \(writer.stderr)")
+        #expect(daemon.spawned.signal(SIGTERM))
+        #expect(E2E.wait(10) { !E2E.isMounted(sb.mnt) }, "not detached after SIGTERM")
+        usleep(500_000)
+        #expect(daemon.spawned.isRunning, "the daemon ended while a program still had the file open: \(daemon.stderr)")
+        try E2E.write(sb.root + "/go", "")
+        #expect(writer.waitForExit(30) == 0, "the writer's close failed: \(writer.stderr)")
+        let status = daemon.waitForExit(30)
+        #expect(status == 0, "exit status \(String(describing: status)) after SIGTERM: \(daemon.stderr)")
+        #expect(daemon.stderr.contains("is in use: detached"), "\(daemon.stderr)")
+
+        // Remounted in the foreground: the bytes are there, and an idle mount ends promptly on SIGTERM.
+        let again = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
+        defer { again.stop() }
+        try #require(E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }, "remount did not come up: \(again.stderr)")
+        let held = E2E.read(sb.mnt + "/held.bin")
+        let kept = held == data
+        #expect(kept, "the bytes written before SIGTERM are not there after remount: \(held?.count ?? -1) of \(data.count) bytes")
+        let start = Date()
+        #expect(again.spawned.signal(SIGTERM))
+        let idleStatus = again.waitForExit(30)
+        let took = Date().timeIntervalSince(start)
+        #expect(idleStatus == 0, "idle mount exit status \(String(describing: idleStatus)): \(again.stderr)")
+        #expect(took < 5, "an idle mount took \(took) s to end on SIGTERM")
+        #expect(!E2E.isMounted(sb.mnt))
+    }
+
+    /// A second SIGTERM while a program still uses the detached mount ends the daemon at once, and its log and
+    /// status (1) say that changes may be lost.
+    @Test func aSecondSIGTERMEndsAtOnceAndSaysChangesMayBeLost() throws {
+        guard E2E.python != nil else { return }
+        let sb = try Sandbox("sigtermtwice")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let daemon = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
+        defer { daemon.stop() }
+        try #require(E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }, "mount did not come up: \(daemon.stderr)")
+        try E2E.write(sb.root + "/src", "x")
+        let writer = try Child(E2E.python!, ["-c", Self.heldWriter, sb.root + "/src", sb.mnt + "/held.bin", sb.root + "/written", sb.root + "/go"])
+        defer {
+            writer.spawned.signal(SIGKILL)
+            writer.stop()
+        }
+        try #require(E2E.wait(20) { FileManager.default.fileExists(atPath: sb.root + "/written") }, "writer: \(writer.stderr)")
+        #expect(daemon.spawned.signal(SIGTERM))
+        #expect(E2E.wait(10) { daemon.stderr.contains("is in use: detached") }, "\(daemon.stderr)")
+        #expect(daemon.spawned.signal(SIGTERM))
+        let status = daemon.waitForExit(10)
+        #expect(status == 1, "exit status \(String(describing: status)) after a second SIGTERM: \(daemon.stderr)")
+        #expect(daemon.stderr.contains("may be lost"), "\(daemon.stderr)")
+    }
+
+    /// Copies argv[1] into argv[2] without fsync and keeps it open; creates argv[3] once written, closes once
+    /// argv[4] exists (exit 1 when the close fails).
+    private static let heldWriter = """
+        import os, sys, time
+        src, dst, written, go = sys.argv[1:5]
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        data = memoryview(open(src, "rb").read())
+        while data:
+            data = data[os.write(fd, data):]
+        open(written, "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.05)
+        try:
+            os.close(fd)
+        except OSError as e:
+            print("close:", e, file=sys.stderr)
+            sys.exit(1)
+        """
+
     @Test func mountDotFuse3FormWithAbsoluteType() throws {
         let sb = try Sandbox("mounttype")
         defer { sb.cleanup() }

@@ -315,8 +315,9 @@ struct SharedLocksTests {
         #expect(reader.wait(timeout: 20) == 0 && text(rOut) == "2\n4\n", "the open reader sees A's commit: \(text(rOut)) \(text(rErr))")
     }
 
-    /// A daemon that stops (SIGTERM) while a request waits for a lock answers it (EINTR) and exits: the
-    /// wait does not hold up the unmount, and nothing is left unanswered.
+    /// A daemon that stops while a request waits for a lock answers it (EINTR) and exits: nothing is left
+    /// unanswered. The waiter uses the mount, so the first SIGTERM only detaches it (served until its users let
+    /// go, as `coffer unmount --lazy`); the second ends it at once.
     @Test func aParkedWaiterIsAnsweredWhenTheDaemonStops() throws {
         guard E2E.python != nil else { return }
         let m = try TwoMounts("lkstop")
@@ -330,6 +331,9 @@ struct SharedLocksTests {
         let (waiter, wOut, _) = try m.spawn(flockTool, [m.b + "/f", "-c", "echo granted"])
         usleep(700_000)
         try #require(waiter.isRunning, "parked")
+        kill(daemonB, SIGTERM)
+        usleep(700_000)
+        #expect(waiter.isRunning && E2E.isAlive(daemonB), "the first SIGTERM left the waiter waiting on a detached mount")
         kill(daemonB, SIGTERM)
         let status = waiter.wait(timeout: 20)
         #expect(
