@@ -64,7 +64,7 @@ test: test-deps
 		echo "SKIPPED: the io_uring phase: $$knob is missing or not writable (kernel before 6.14, or not root)"; exit 0; fi; \
 	before=$$(cat $$knob); echo Y > $$knob; trap 'echo '$$before' > '$$knob EXIT; \
 	COFFER_MODEL_SEEDS=$${COFFER_URING_MODEL_SEEDS:-10} $(SWIFT) test --skip-build \
-		--filter 'CofferCLITests\.(IoUringMountTests|PosixTests|ModelTests|WorkloadTests|RandomReadMountTests|FallocateMountTests)' && \
+		--filter 'CofferCLITests\.(IoUringMountTests|PosixTests|ModelTests|WorkloadTests|RandomReadMountTests|FallocateMountTests|MountTests)' && \
 	COFFER_TEST_ENGINE=postgres $(SWIFT) test --skip-build --filter 'CofferCLITests\.SharedLocksTests'
 
 # The code's layout, checked by the toolchain's swift-format with .swift-format (4 spaces, 150 columns,

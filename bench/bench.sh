@@ -7,7 +7,7 @@
 # both servers are stopped at the end, also on failure. Their data lives under BENCH_WORKDIR too.
 #
 # Usage: bench/bench.sh [--quick] [--only coffer,gocryptfs] [--coffer-opts "-o writeback_cache"]
-#        [--coffer-b PATH] [--label-a NAME] [--label-b NAME]
+#        [--coffer-b PATH] [--coffer-b-opts "-o no_uring"] [--label-a NAME] [--label-b NAME] [--uring]
 # Env:   BENCH_WORKDIR (default /var/tmp/coffer-bench), BENCH_SEQ_MB (1024; quick 256),
 #        BENCH_FIO_RUNTIME (20; quick 5), BENCH_FIO_SIZE_MB (256), BENCH_CORPUS (a tarball),
 #        COFFER (path to the coffer binary; default .build/release/coffer),
@@ -15,7 +15,10 @@
 # A/B: --coffer-b PATH adds a subject coffer-b, a second Coffer binary measured like coffer in the
 #   same run (own container, same options); the table gains a column coffer/coffer-b (how many times
 #   better coffer is). --label-a/--label-b only rename the two columns. The subjects run in the order
-#   given, e.g. --only coffer-b,coffer,gocryptfs to put B first.
+#   given, e.g. --only coffer-b,coffer,gocryptfs to put B first. --coffer-b-opts adds mount options
+#   for coffer-b only (after --coffer-opts).
+# --uring: turns on FUSE over io_uring in the kernel (the fuse module's enable_uring, root) for the run
+#   and puts the knob back at the end; Coffer mounts then use it (unless -o no_uring), the peers do not.
 # Workloads (caches dropped before each; each subject remounted before each read workload):
 #   mount (s), seq_write dd 1M + fsync (MB/s), seq_read after remount (MB/s), untar corpus (s),
 #   ls_lR (s), read_all: cat every file (s), rm_rf (s), fio 4 KiB randwrite / randread, psync,
@@ -27,16 +30,18 @@
 #   pg/coffer = coffer-pg time / coffer time (small-file work, target <= 3).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-QUICK=0; ONLY=""; COFFER_OPTS=""; COFFER_B=${COFFER_B:-}; LABEL_A=coffer; LABEL_B=coffer-b
+QUICK=0; ONLY=""; COFFER_OPTS=""; COFFER_B_OPTS=""; COFFER_B=${COFFER_B:-}; LABEL_A=coffer; LABEL_B=coffer-b; URING=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
         --only) ONLY=$2; shift ;;
         --coffer-opts) COFFER_OPTS=$2; shift ;;
         --coffer-b) COFFER_B=$2; shift ;;
+        --coffer-b-opts) COFFER_B_OPTS=$2; shift ;;
+        --uring) URING=1 ;;
         --label-a) LABEL_A=$2; shift ;;
         --label-b) LABEL_B=$2; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "bench: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -121,7 +126,8 @@ mount_subject() {
     local d; d=$(dir_of "$1")
     case $1 in
         plain) return 0 ;;
-        coffer|coffer-b|coffer-pg) "$(bin_of "$1")" mount --passfile "$PASS" $COFFER_OPTS "$(cont_of "$1")" "$d/mnt" ;;
+        coffer|coffer-pg) "$(bin_of "$1")" mount --passfile "$PASS" $COFFER_OPTS "$(cont_of "$1")" "$d/mnt" ;;
+        coffer-b) "$(bin_of "$1")" mount --passfile "$PASS" $COFFER_OPTS $COFFER_B_OPTS "$(cont_of "$1")" "$d/mnt" ;;
         gocryptfs) gocryptfs -q -passfile "$PASS" "$d/data" "$d/mnt" ;;
         gocryptfs-sshfs) mount_sshfs "$1" && gocryptfs -q -passfile "$PASS" "$d/sshfs/data" "$d/mnt" ;;
         securefs) securefs mount -b --pass "$(cat "$PASS")" --log "$d/securefs.log" "$d/data" "$d/mnt" > /dev/null 2>&1; for _ in $(seq 100); do mountpoint -q "$d/mnt" && break; sleep 0.1; done ;;
@@ -146,9 +152,15 @@ cleanup() {
         [ "$s" = gocryptfs-sshfs ] && mountpoint -q "$(sshfs_of "$s")" 2>/dev/null && fusermount3 -uz "$(sshfs_of "$s")"
     done
     stop_sshd; stop_pg
+    [ -n "${KNOB_BEFORE:-}" ] && echo "$KNOB_BEFORE" > "$KNOB"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
+KNOB=/sys/module/fuse/parameters/enable_uring
+if [ $URING = 1 ]; then
+    [ -w $KNOB ] || { echo "bench: --uring needs $KNOB (Linux 6.14+) and root" >&2; exit 1; }
+    KNOB_BEFORE=$(cat $KNOB); echo Y > $KNOB; log "FUSE over io_uring on for this run (enable_uring was $KNOB_BEFORE)"
+fi
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 remount() { umount_subject "$1"; drop; mount_subject "$1"; }
 t() { local a b; a=$(date +%s%N); "$@" > /dev/null 2>&1; b=$(date +%s%N); awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }

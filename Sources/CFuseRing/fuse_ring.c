@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -59,6 +60,9 @@ struct entry {
     /// submits: a reply from another thread sets `reply_ready` and writes `kick`, which the entry polls.
     int kick;
     _Atomic int reply_ready;
+    /// Set by the entry's thread while its handler runs; `commit_due`: that handler replied.
+    int in_handler;
+    int commit_due;
     pthread_t thread;
     int thread_started;
 };
@@ -68,6 +72,7 @@ struct coffer_ring {
     int stop_fd;
     size_t payload_size;
     coffer_ring_handler handler;
+    coffer_ring_failed failed;
     void *context;
     unsigned count;
     _Atomic uint64_t requests;
@@ -138,41 +143,71 @@ static void answer_error(struct entry *e, uint64_t unique, int error) {
     coffer_ring_reply(e->owner, &iov, 1);
 }
 
+/// Sends a reply another thread left (`reply_ready`), re-arming the kick poll. Returns 0 or -errno.
+static int send_left_reply(struct entry *e, int rearm) {
+    pthread_mutex_lock(&e->submit);
+    int r = rearm ? arm_kick(e) : 0;
+    if (r == 0 && atomic_exchange(&e->reply_ready, 0)) r = submit_locked(e, CMD_COMMIT_AND_FETCH);
+    else if (r == 0 && rearm) r = io_uring_submit(&e->uring) < 0 ? -EIO : 0;
+    pthread_mutex_unlock(&e->submit);
+    return r;
+}
+
+/// The entry's thread ends on `error` (-errno; not at unmount): the owner hears it once per entry.
+static void entry_failed(struct entry *e, int error, int registering) {
+    coffer_ring *ring = e->owner;
+    if (error == -ENOTCONN || error == -ECONNABORTED || atomic_load(&ring->stopping)) return;
+    int none = 0;
+    atomic_compare_exchange_strong(&ring->failure, &none, -error);
+    ring->failed(ring->context, -error, registering);
+}
+
 static void *entry_thread(void *arg) {
     struct entry *e = arg;
     coffer_ring *ring = e->owner;
     pthread_setname_np(pthread_self(), "coffer-ring");
-    if (submit(e, CMD_REGISTER) < 0) return NULL;
+    int r = submit(e, CMD_REGISTER);
+    if (r < 0) {
+        entry_failed(e, r, 1);
+        return NULL;
+    }
     while (!atomic_load(&ring->stopping)) {
         struct io_uring_cqe *cqe;
-        int r = io_uring_wait_cqe(&e->uring, &cqe);
+        r = io_uring_wait_cqe(&e->uring, &cqe);
         if (r == -EINTR) continue;
-        if (r < 0) break;
+        if (r < 0) {
+            entry_failed(e, r, 0);
+            break;
+        }
         void *data = io_uring_cqe_get_data(cqe);
         int res = cqe->res;
         io_uring_cqe_seen(&e->uring, cqe);
-        if (data == (void *)STOP_TAG) break;
+        if (data == (void *)STOP_TAG) {
+            send_left_reply(e, 0);  // a lock waiter's answer written just before the stop
+            break;
+        }
         if (data == (void *)KICK_TAG) {  // a reply written by another thread
             uint64_t n;
             ssize_t got = read(e->kick, &n, sizeof n);
             (void)got;
-            pthread_mutex_lock(&e->submit);
-            int r = arm_kick(e);
-            if (r == 0 && atomic_exchange(&e->reply_ready, 0)) r = submit_locked(e, CMD_COMMIT_AND_FETCH);
-            else if (r == 0) r = io_uring_submit(&e->uring) < 0 ? -EIO : 0;
-            pthread_mutex_unlock(&e->submit);
-            if (r < 0) break;
+            r = send_left_reply(e, 1);
+            if (r < 0) {
+                entry_failed(e, r, 0);
+                break;
+            }
             continue;
         }
         if (res == -EAGAIN || res == -EINTR) {  // the connection was not initialized yet, or a signal
             if (res == -EAGAIN) usleep(1000);
-            if (submit(e, e->last_cmd) < 0) break;
+            r = submit(e, e->last_cmd);
+            if (r < 0) {
+                entry_failed(e, r, e->last_cmd == CMD_REGISTER);
+                break;
+            }
             continue;
         }
         if (res < 0) {  // ENOTCONN: unmounted; anything else: this entry is done
-            int none = 0;
-            if (res != -ENOTCONN && !atomic_load(&ring->stopping) && atomic_compare_exchange_strong(&ring->failure, &none, -res))
-                ring->handler(ring->context, NULL, (size_t)-res);
+            entry_failed(e, res, e->last_cmd == CMD_REGISTER);
             break;
         }
         atomic_fetch_add(&ring->requests, 1);
@@ -182,11 +217,20 @@ static void *entry_thread(void *arg) {
         size_t length = 0;
         char *request = flatten(e, &length);
         atomic_store(&e->unique, unique);
-        if (!request) {
-            answer_error(e, unique, EIO);
-            continue;
+        // A reply from this thread only fills the entry; its commit (which lets the kernel write the next
+        // request over this one) waits until the handler has returned.
+        e->in_handler = 1;
+        if (!request) answer_error(e, unique, EIO);
+        else ring->handler(ring->context, request, length);
+        e->in_handler = 0;
+        if (e->commit_due) {
+            e->commit_due = 0;
+            r = submit(e, CMD_COMMIT_AND_FETCH);
+            if (r < 0) {
+                entry_failed(e, r, 0);
+                break;
+            }
         }
-        ring->handler(ring->context, request, length);
     }
     return NULL;
 }
@@ -228,9 +272,31 @@ static int setup_entry(coffer_ring *ring, struct entry *e, unsigned qid) {
     return arm_kick(e);
 }
 
+/// The kernel makes one queue per possible CPU (nr_cpu_ids): the highest number in
+/// /sys/devices/system/cpu/possible ("0-1", "0-3,8-11"), plus one.
+static long possible_cpus(void) {
+    FILE *f = fopen("/sys/devices/system/cpu/possible", "re");
+    if (!f) return sysconf(_SC_NPROCESSORS_CONF);
+    char line[256] = {0};
+    char *got = fgets(line, sizeof line, f);
+    fclose(f);
+    if (!got) return sysconf(_SC_NPROCESSORS_CONF);
+    long highest = -1, n = -1;
+    for (char *c = line;; c++) {
+        if (*c >= '0' && *c <= '9') {
+            n = (n < 0 ? 0 : n * 10) + (*c - '0');
+        } else {
+            if (n > highest) highest = n;
+            n = -1;
+            if (*c == 0 || *c == '\n') break;
+        }
+    }
+    return highest >= 0 ? highest + 1 : sysconf(_SC_NPROCESSORS_CONF);
+}
+
 coffer_ring *coffer_ring_start(int fuse_fd, unsigned per_queue, size_t payload_size,
-                               coffer_ring_handler handler, void *context) {
-    long cpus = sysconf(_SC_NPROCESSORS_CONF);
+                               coffer_ring_handler handler, coffer_ring_failed failed, void *context) {
+    long cpus = possible_cpus();
     if (cpus < 1 || per_queue < 1) {
         errno = EINVAL;
         return NULL;
@@ -241,6 +307,7 @@ coffer_ring *coffer_ring_start(int fuse_fd, unsigned per_queue, size_t payload_s
     ring->fuse_fd = fuse_fd;
     ring->payload_size = payload_size;
     ring->handler = handler;
+    ring->failed = failed;
     ring->context = context;
     ring->count = count;
     ring->stop_fd = eventfd(0, EFD_CLOEXEC);
@@ -252,7 +319,7 @@ coffer_ring *coffer_ring_start(int fuse_fd, unsigned per_queue, size_t payload_s
     }
     if (err) {
         ring->count = made;
-        coffer_ring_stop(ring);
+        coffer_ring_free(ring);
         errno = err;
         return NULL;
     }
@@ -273,12 +340,15 @@ ssize_t coffer_ring_reply(coffer_ring *ring, const struct iovec *iov, int count)
     uint64_t unique;
     memcpy(&unique, (const char *)iov[0].iov_base + 8, 8);
     if (unique == 0) return -1;
+    // Claim the entry: a second reply to the same request (an interrupt racing a grant) finds none.
     struct entry *e = NULL;
-    for (unsigned i = 0; i < ring->count; i++)
-        if (atomic_load(&ring->entries[i].unique) == unique) {
+    for (unsigned i = 0; i < ring->count; i++) {
+        uint64_t held = unique;
+        if (atomic_compare_exchange_strong(&ring->entries[i].unique, &held, 0)) {
             e = &ring->entries[i];
             break;
         }
+    }
     if (!e) return -1;
     size_t total = 0, payload = 0;
     for (int i = 0; i < count; i++) total += iov[i].iov_len;
@@ -305,7 +375,10 @@ ssize_t coffer_ring_reply(coffer_ring *ring, const struct iovec *iov, int count)
     memcpy(&out[2], &unique, 8);
     memcpy(e->header->in_out, out, OUT_HEADER);
     e->header->ent.payload_sz = error ? 0 : (uint32_t)payload;
-    atomic_store(&e->unique, 0);
+    if (pthread_equal(pthread_self(), e->thread) && e->in_handler) {
+        e->commit_due = 1;
+        return (ssize_t)total;
+    }
     if (!pthread_equal(pthread_self(), e->thread)) {
         atomic_store(&e->reply_ready, 1);
         uint64_t one = 1;
@@ -330,8 +403,7 @@ uint64_t coffer_ring_requests(coffer_ring *ring) { return ring ? atomic_load(&ri
 int coffer_ring_failure(coffer_ring *ring) { return ring ? atomic_load(&ring->failure) : 0; }
 
 void coffer_ring_stop(coffer_ring *ring) {
-    if (!ring) return;
-    atomic_store(&ring->stopping, 1);
+    if (!ring || atomic_exchange(&ring->stopping, 1)) return;
     if (ring->stop_fd >= 0) {
         uint64_t one = 1;
         ssize_t w = write(ring->stop_fd, &one, sizeof one);
@@ -339,6 +411,11 @@ void coffer_ring_stop(coffer_ring *ring) {
     }
     for (unsigned i = 0; i < ring->count; i++)
         if (ring->entries[i].thread_started) pthread_join(ring->entries[i].thread, NULL);
+}
+
+void coffer_ring_free(coffer_ring *ring) {
+    if (!ring) return;
+    coffer_ring_stop(ring);
     for (unsigned i = 0; i < ring->count; i++) free_entry(&ring->entries[i]);
     if (ring->stop_fd >= 0) close(ring->stop_fd);
     free(ring);

@@ -31,36 +31,61 @@ final class FUSEContext: @unchecked Sendable {
     private let ringSlot = Mutex<FUSERing?>(nil)
     var ring: FUSERing? { ringSlot.withLock { $0 } }
 
-    /// Starts the ring entries after the INIT reply that asked for them (`KillPrivHook`).
-    func startRing(fd: Int32) {
-        let payload = killPriv.ringPayload.load(ordering: .acquiring)
-        guard ring == nil, let made = FUSERing.make(fd: fd, payloadSize: payload, context: self) else { return }
+    /// Makes the ring entries before the INIT reply asks for io_uring (`KillPrivHook`): once the kernel has agreed,
+    /// it holds every request until each CPU queue has an entry, so a ring that cannot be made must not be asked
+    /// for. False: answer without the flag (requests keep coming through /dev/fuse).
+    func makeRing(fd: Int32, payloadSize: Int) -> Bool {
+        guard ring == nil, let made = FUSERing.make(fd: fd, payloadSize: payloadSize, context: self) else { return false }
         ringSlot.withLock { $0 = made }
-        let error = made.run()
-        guard error == 0 else {
-            logger.error(
-                "FUSE: io_uring entries could not all start; detaching the mount", metadata: ["error": "\(String(cString: strerror(error)))"])
-            ringFailed()
+        return true
+    }
+
+    /// After the INIT reply that asked for io_uring was written: starts the entries, which register themselves.
+    /// If the reply could not be written, drops the ring instead.
+    func startRing(replyWritten: Bool) {
+        guard let r = ring else { return }
+        guard replyWritten else {
+            ringSlot.withLock { $0 = nil }
+            r.stop()
+            return
+        }
+        let error = r.run()
+        if error != 0 {
+            // Entries that did start register, and a queue without one holds its callers: end the session.
+            logger.error("FUSE: io_uring entries could not all start", metadata: ["error": "\(String(cString: strerror(error)))"])
+            ringFailed(error)
             return
         }
         logger.info("FUSE: requests come through io_uring", metadata: ["entriesPerQueue": "\(FUSERing.entriesPerQueue)"])
     }
 
-    /// What ends the mount when a ring entry failed (set by `FUSEMount`: a lazy unmount).
+    /// What ends the session when ring entries fail (set by `FUSEMount`: `requestExit`).
     let onRingFailure = Mutex<(@Sendable () -> Void)?>(nil)
-    func ringFailed() { onRingFailure.withLock { $0 }?() }
 
-    /// Stops the ring entries (the session loop is over).
-    func stopRing() {
-        let r = ringSlot.withLock { s -> FUSERing? in
-            defer { s = nil }
-            return s
+    /// An entry's command failed (`error`, an errno). A refused registration puts the kernel back on /dev/fuse
+    /// (it turns io_uring off for the connection); a failure once the rings serve leaves that entry's queue
+    /// short, and a queue with no entry left would hold its callers forever, so the session ends.
+    func ringFailed(_ error: Int32, registering: Bool = false) {
+        if registering {
+            logger.warning(
+                "FUSE: the kernel refused an io_uring entry; requests come through /dev/fuse",
+                metadata: ["error": "\(String(cString: strerror(error)))"])
+            return
         }
-        guard let r else { return }
+        logger.error("FUSE: an io_uring entry failed; ending the session", metadata: ["error": "\(String(cString: strerror(error)))"])
+        onRingFailure.withLock { $0 }?()
+    }
+
+    /// Stops the ring entries (the session loop is over, lock waiters answered). The ring stays reachable until its
+    /// threads have ended, so a handler still running replies through it; its memory lives as long as `FUSERing`.
+    func stopRing() {
+        guard let r = ring else { return }
         let served = r.requests
         r.stop()
+        ringSlot.withLock { $0 = nil }
         logger.info("FUSE: \(served) requests came through io_uring")
     }
+
     /// The session while its loop runs: for telling the kernel what changed elsewhere (`dropAttributes`).
     let session = Mutex<SessionPointer?>(nil)
     struct SessionPointer: @unchecked Sendable { let pointer: OpaquePointer }

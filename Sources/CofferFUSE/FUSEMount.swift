@@ -116,11 +116,12 @@ public final class FUSEMount: @unchecked Sendable {
         interruptLoop()
     }
 
-    /// Once a stop signal has unmounted (or detached) the mount, the path leads elsewhere and no statfs reaches
-    /// the loop: interrupt the loop's thread's wait instead. Under the lock, so the thread is still in `run`.
+    /// Once a stop signal has unmounted (or detached) the mount, the path leads elsewhere, and with io_uring a
+    /// statfs goes to a ring entry, not to the loop: interrupt the loop's thread's wait as well. Under the lock,
+    /// so the thread is still in `run`.
     private func interruptLoop() {
         state.withLock { s in
-            if s.phase == .running, s.stop != .none, let thread = s.loopThread { _ = coffer_stop_signals_wake(thread) }
+            if s.phase == .running, let thread = s.loopThread { _ = coffer_stop_signals_wake(thread) }
         }
     }
 
@@ -206,8 +207,9 @@ public final class FUSEMount: @unchecked Sendable {
             }
             // Parked lock requests are answered (EINTR) while the session still exists.
             ctx.lockWaiters.stop()
-            if mounted && stop != .none && stop != .unmounting {
-                // Unmounted by a stop signal: the path may hold another mount by now, and must not be unmounted.
+            if mounted && stop != .none {
+                // Unmounted (or being unmounted) by a stop signal: the path may hold another mount by now, and
+                // must not be unmounted again.
                 Self.endConnection(se)
             } else if mounted {
                 fuse_session_unmount(se)
@@ -282,15 +284,8 @@ public final class FUSEMount: @unchecked Sendable {
                 "type": "fuse.\(options.subtype)", "readOnly": "\(options.readOnly || filesystem.isReadOnly)"
             ])
 
-        let detached = mountpoint
-        ctx.onRingFailure.withLock {
-            $0 = {
-                let p = Process()
-                p.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
-                p.arguments = ["-u", "-z", detached]
-                if (try? p.run()) != nil { p.waitUntilExit() }
-            }
-        }
+        // A ring entry that failed once the rings serve: end the session rather than leave its queue's callers waiting.
+        ctx.onRingFailure.withLock { $0 = { [weak self] in self?.requestExit() } }
         ctx.pageFiller?.start(session: se)
         ctx.lockWaiters.attach(se)
         ctx.kernelNotifier.start(session: se, fs: ctx.fs)
@@ -310,10 +305,10 @@ public final class FUSEMount: @unchecked Sendable {
             result = fuse_session_loop_mt(se, config)
             fuse_loop_cfg_destroy(config)
         }
-        ctx.stopRing()
-        // Stop answering (parked lock requests get EINTR: the workers are gone, nothing parks again),
-        // then unmount and destroy (deferred above), which calls shutdown.
+        // Stop answering (parked lock requests get EINTR: the workers are gone, nothing parks again; a ring entry
+        // still sends those answers), then stop the ring entries, then unmount and destroy (deferred above).
         ctx.lockWaiters.stop()
+        ctx.stopRing()
         ctx.session.withLock { $0 = nil }
         state.withLock {
             $0.phase = .finished

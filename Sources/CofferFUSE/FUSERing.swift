@@ -20,6 +20,9 @@ final class FUSERing: @unchecked Sendable {
 
     private init(handle: OpaquePointer) { self.handle = handle }
 
+    /// Frees the rings once nothing can reply through them (a lock waiter may hold this object after `stop`).
+    deinit { coffer_ring_free(handle) }
+
     /// Entries per CPU queue: a request that blocks (an fsync waiting for its commit) holds up only its
     /// own entry, and a streaming reader's readahead is decrypted on more than one thread.
     static let entriesPerQueue: UInt32 = 3
@@ -28,9 +31,9 @@ final class FUSERing: @unchecked Sendable {
     /// coming through /dev/fuse then). `run` starts them.
     static func make(fd: Int32, payloadSize: Int, context: FUSEContext) -> FUSERing? {
         let userdata = Unmanaged.passUnretained(context).toOpaque()
-        guard let handle = coffer_ring_start(fd, entriesPerQueue, payloadSize, handleRequest, userdata) else {
-            context.logger.info(
-                "FUSE: io_uring entries could not be registered; requests come through /dev/fuse",
+        guard let handle = coffer_ring_start(fd, entriesPerQueue, payloadSize, handleRequest, entryFailed, userdata) else {
+            context.logger.warning(
+                "FUSE: io_uring entries could not be made; requests come through /dev/fuse",
                 metadata: ["error": "\(String(cString: strerror(errno)))"])
             return nil
         }
@@ -52,21 +55,13 @@ final class FUSERing: @unchecked Sendable {
     /// Requests that came through the rings so far.
     var requests: UInt64 { coffer_ring_requests(handle) }
 
-    /// Stops the entries' threads (after the session loop ended) and frees the rings.
+    /// Stops the entries' threads (after the session loop ended and lock waiters were answered).
     func stop() { coffer_ring_stop(handle) }
 
     /// On an entry's thread: one request, laid out as read(2) gives it.
     private static let handleRequest: coffer_ring_handler = { userdata, request, length in
-        guard let userdata else { return }
+        guard let userdata, let request else { return }
         let context = Unmanaged<FUSEContext>.fromOpaque(userdata).takeUnretainedValue()
-        guard let request else {
-            // The kernel holds every request while a queue has no entry: end the mount rather than hang.
-            context.logger.error(
-                "FUSE: an io_uring entry failed; detaching the mount (mount with no_uring to use /dev/fuse)",
-                metadata: ["error": "\(String(cString: strerror(Int32(truncatingIfNeeded: length))))"])
-            context.ringFailed()
-            return
-        }
         KillPrivHook.noted(request, length, userdata)
         guard let se = context.session.withLock({ $0?.pointer }) else {
             ReplyCheck.finishPrevious(-1, logger: nil, ring: context.ring)  // the loop is over: answer EIO
@@ -77,5 +72,11 @@ final class FUSERing: @unchecked Sendable {
         buf.size = length
         fuse_session_process_buf(se, &buf)
         ReplyCheck.finishPrevious(-1, logger: context.logger, ring: context.ring)
+    }
+
+    /// On an entry's thread that ends on an error.
+    private static let entryFailed: coffer_ring_failed = { userdata, error, registering in
+        guard let userdata else { return }
+        Unmanaged<FUSEContext>.fromOpaque(userdata).takeUnretainedValue().ringFailed(error, registering: registering != 0)
     }
 }

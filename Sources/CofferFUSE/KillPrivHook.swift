@@ -32,9 +32,6 @@ final class KillPrivHook: Sendable {
     let negotiated = Atomic<Bool>(false)
     /// Which of the two the kernel offered in INIT (and this mount wants): 1 KILLPRIV_V2, 2 io_uring.
     private let offered = Atomic<Int>(0)
-    /// True once the INIT reply asking for io_uring was written; `ringPayload` is then the buffer size.
-    let ringNegotiated = Atomic<Bool>(false)
-    let ringPayload = Atomic<Int>(0)
     /// When false, requests and replies pass through untouched (the flag is never asked for).
     let enabled: Bool
     /// When false, io_uring is never asked for.
@@ -145,11 +142,7 @@ final class KillPrivHook: Sendable {
         if let iov, count > 0, iov[0].iov_len >= outHeaderSize, let base = iov[0].iov_base, let hook = hook(userdata) {
             let pending = hook.pendingInit.load(ordering: .acquiring)
             if pending != 0 && base.loadUnaligned(fromByteOffset: 8, as: UInt64.self) == pending {
-                let n = hook.writeInitReply(fd, iov, Int(count))
-                if n >= 0, hook.ringNegotiated.load(ordering: .acquiring), let context = context(userdata) {
-                    context.startRing(fd: fd)
-                }
-                return n
+                return hook.writeInitReply(fd, iov, Int(count), context: context(userdata))
             }
         }
         return Glibc.writev(fd, iov, count)
@@ -158,7 +151,8 @@ final class KillPrivHook: Sendable {
     /// Writes the INIT reply with KILLPRIV_V2 added to fuse_init_out.flags, and FUSE_OVER_IO_URING to flags2,
     /// as offered (fuse_init_out: major, minor, max_readahead, flags, max_background, congestion_threshold,
     /// max_write, time_gran, max_pages, map_alignment, flags2).
-    private func writeInitReply(_ fd: Int32, _ iov: UnsafeMutablePointer<iovec>, _ count: Int) -> Int {
+    /// The ring entries are made before the reply asks for them (`FUSEContext.makeRing`) and started after it.
+    private func writeInitReply(_ fd: Int32, _ iov: UnsafeMutablePointer<iovec>, _ count: Int, context: FUSEContext?) -> Int {
         pendingInit.store(0, ordering: .releasing)
         var message = [UInt8]()
         for i in 0..<count where iov[i].iov_len > 0 {
@@ -170,7 +164,16 @@ final class KillPrivHook: Sendable {
         guard error == 0 && message.count >= flagsAt + 4 else { return Glibc.writev(fd, iov, Int32(count)) }
         var flags = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: flagsAt, as: UInt32.self) }
         let killPriv = offered & 1 != 0 && flags & Self.spliceRead == 0
-        let ring = offered & 2 != 0 && message.count >= flags2At + 4
+        var ring = offered & 2 != 0 && message.count >= flags2At + 4
+        if ring, let context {
+            // The connection's payload limit, for the entries' buffers: max_write, and max_pages in pages.
+            let maxWrite = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: Self.outHeaderSize + 20, as: UInt32.self) }
+            let maxPages = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: Self.outHeaderSize + 28, as: UInt16.self) }
+            let page = max(4096, sysconf(Int32(_SC_PAGESIZE)))
+            ring = context.makeRing(fd: fd, payloadSize: max(8192, Int(maxWrite), Int(maxPages) * page))
+        } else {
+            ring = false
+        }
         guard killPriv || ring else { return Glibc.writev(fd, iov, Int32(count)) }
         if killPriv { flags |= Self.handleKillPrivV2 }
         if ring {
@@ -181,16 +184,8 @@ final class KillPrivHook: Sendable {
         }
         message.withUnsafeMutableBytes { $0.storeBytes(of: flags, toByteOffset: flagsAt, as: UInt32.self) }
         let n = message.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-        if n == message.count {
-            if killPriv { negotiated.store(true, ordering: .releasing) }
-            if ring {
-                // The connection's payload limit, for the entries' buffers: max_write and max_pages.
-                let maxWrite = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: Self.outHeaderSize + 20, as: UInt32.self) }
-                let maxPages = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: Self.outHeaderSize + 28, as: UInt16.self) }
-                ringPayload.store(max(8192, Int(maxWrite), Int(maxPages) * 4096), ordering: .releasing)
-                ringNegotiated.store(true, ordering: .releasing)
-            }
-        }
+        if n == message.count && killPriv { negotiated.store(true, ordering: .releasing) }
+        if ring { context?.startRing(replyWritten: n == message.count) }
         return n
     }
 }

@@ -61,7 +61,7 @@ struct MountOptionSet {
         (["writeback_cache"], "the default"),
         (
             ["no_uring"],
-            "take requests through /dev/fuse even when the kernel offers FUSE over io_uring (used by default when the fuse module's enable_uring is on)"
+            "take requests through /dev/fuse even when the kernel offers FUSE over io_uring (used by default when the fuse module's enable_uring is on; auto_unmount implies no_uring)"
         ),
         (["allow_rollback"], "mount a store older than the newest this machine has seen (as --allow-rollback)"),
         (
@@ -179,7 +179,9 @@ struct MountOptionSet {
         o.debug = debug
         o.autoUnmount = autoUnmount
         o.singleThreaded = singleThreaded
-        o.ioUring = ioUring && !singleThreaded
+        // auto_unmount's fusermount3 looks once, as the daemon dies, whether the mount answers ENOTCONN; with rings the
+        // kernel ends the connection only when io_uring has torn them down, a moment later, and the dead mount stayed.
+        o.ioUring = ioUring && !singleThreaded && !autoUnmount
         if let maxThreads { o.maxThreads = maxThreads }
         o.writebackCache = writebackCache
         // noatime says what a FUSE mount of Coffer does (the kernel never moves a FUSE file's atime, and
