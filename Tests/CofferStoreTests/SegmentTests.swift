@@ -392,8 +392,9 @@ struct SegmentTests {
         }
     }
 
-    /// Segments are read through a mapping: one cut short while it is mapped (another process truncated it)
-    /// reads as damage where it was cut, never as a crash (SIGBUS) and never as other bytes; what is left reads.
+    /// Reads of several chunks go through a segment's mapping: one cut short while it is mapped (another process
+    /// truncated it) reads as damage where it was cut, never as a crash (SIGBUS) and never as other bytes; what is
+    /// left reads. A read of one chunk (copied with pread) sees the cut the same way.
     @Test func aSegmentCutWhileMappedReadsAsDamage() throws {
         try withTempDir { dir in
             let (keys, path, files) = try committedStore(in: dir, chunks: [(4, 1)])
@@ -402,16 +403,20 @@ struct SegmentTests {
             defer { reading.close() }
             let cipher = try reading.contentCipher(contentId: file)
             var out = [UInt8](repeating: 0, count: 65536)
-            func opens(_ index: UInt64) throws -> Bool {
-                let c = try reading.sealedChunks(file: file, first: index, last: index)
-                return c.count == 1 && (try? out.withUnsafeMutableBytes { try cipher.open(c[0].sealed, index: index, into: $0) }) == 65536
+            func opened(_ first: UInt64, _ last: UInt64) throws -> [UInt64: Bool] {
+                var result: [UInt64: Bool] = [:]
+                for c in try reading.sealedChunks(file: file, first: first, last: last) {
+                    result[c.index] = (try? out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index, into: $0) }) == 65536
+                }
+                return result
             }
-            for i in 0..<4 as Range<UInt64> { #expect(try opens(i), "chunk \(i) before the cut") }
+            #expect(try opened(0, 3) == [0: true, 1: true, 2: true, 3: true], "before the cut")
+            #expect(try opened(2, 2) == [2: true], "one chunk before the cut")
             #expect(truncate(dir + "/segments/1", 70_000) == 0)  // inside chunk 1, with chunk 0 whole
             let faults = ChunkReaders.faultsRepaired
-            #expect(try opens(0), "the chunk before the cut still reads")
-            for i in 1..<4 as Range<UInt64> { #expect(!(try opens(i)), "chunk \(i) past the cut opened") }
+            #expect(try opened(0, 3) == [0: true, 1: false, 2: false, 3: false], "the chunk before the cut reads, none past it")
             #expect(ChunkReaders.faultsRepaired > faults, "the cut pages were read through the mapping")
+            #expect(try opened(2, 2)[2] != true, "one chunk past the cut, copied, opened")
         }
     }
 
