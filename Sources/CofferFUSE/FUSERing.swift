@@ -9,11 +9,12 @@ import Logging
 /// no other thread. Measured with libfuse's passthrough example on this kind of machine, 4 KiB random reads
 /// ran at 76k against 28–41k requests a second (docs/MEASUREMENTS.md).
 ///
-/// libfuse 3.14 knows nothing of rings, so this sits beside it: `KillPrivHook` asks for the flag in the
-/// INIT reply and starts the rings once it is written; an entry's thread lays each request out as /dev/fuse
-/// would and hands it to `fuse_session_process_buf`; the session's writev hook routes each reply to the entry
-/// that holds its request (`reply`), and everything else (notifications, replies to requests read from
-/// /dev/fuse: INIT, FORGET's none, requests from before the rings were registered) to /dev/fuse.
+/// libfuse 3.14 knows nothing of rings, so this sits beside it: `KillPrivHook` makes the rings, asks for the
+/// flag in the INIT reply and starts them once it is written; an entry's thread lays each request out as
+/// /dev/fuse would and hands it to `fuse_session_process_buf`; the session's writev hook routes each reply to
+/// the entry that holds its request (`reply`), and everything else to /dev/fuse: notifications, and replies to
+/// requests read there (INIT, and any from before the entries were registered; FORGET and INTERRUPT always
+/// come that way and get none).
 final class FUSERing: @unchecked Sendable {
     // @unchecked: `handle` is the C rings, used from many threads; the C side locks what it shares.
     private let handle: OpaquePointer

@@ -17,6 +17,10 @@ import Synchronization
 ///   on the thread that read it, in both loops and with clone_fd); the ops ask `requested(for:)`;
 /// - `writev` passes replies through, ORing KILLPRIV_V2 into the reply to that INIT — unless libfuse enabled
 ///   splice reads, which bypass `read` (Coffer never does), so the marks could not be seen.
+///
+/// Being the one place that sees INIT and every reply, it also asks for FUSE over io_uring in that INIT reply
+/// when the kernel offers it (flags2, which libfuse 3.14 does not know either) and sends each reply to a request
+/// a ring entry holds back through that entry (`FUSERing`); ring requests are noted here the same way (`noted`).
 final class KillPrivHook: Sendable {
     /// fuse_init_in/out.flags bit (protocol 7.33).
     static let handleKillPrivV2: UInt32 = 1 << 28
