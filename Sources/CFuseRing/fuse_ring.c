@@ -56,7 +56,7 @@ struct entry {
     char *area;                      // a page of headroom, then the payload
     size_t area_size;
     struct iovec iov[2];
-    pthread_mutex_t submit;  // replies may come from other threads
+    pthread_mutex_t submit;  // guards the submission queue (only the entry's thread submits; kept for safety)
     int last_cmd;
     uint64_t commit_id;
     _Atomic uint64_t unique;  // the request held, 0 when none
@@ -81,9 +81,9 @@ struct coffer_ring {
     unsigned count;
     _Atomic uint64_t requests;
     _Atomic int stopping;
-    _Atomic int failure;
+    _Atomic int failure;  // the first error an entry's command ended with (not ENOTCONN)
     _Atomic int spinner;  // an entry is spinning for the next request (spin_for_next)
-    int64_t spin_ns;  // the first error an entry's command ended with (not ENOTCONN)
+    int64_t spin_ns;
     struct entry entries[];
 };
 
