@@ -59,7 +59,8 @@ struct IoUringMountTests {
             let daemon = try Child(E2E.coffer, ["mount", "-f", "--log-level", "info", sb.container, sb.mnt, "--passfile", sb.passfile])
             defer { daemon.stop() }
             try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
-            let r = E2E.run("/usr/bin/python3", ["-c", Self.workload, sb.mnt], timeout: 120)
+            let python = try #require(E2E.python, "python3 is needed for the workload")
+            let r = E2E.run(python, ["-c", Self.workload, sb.mnt], timeout: 120)
             #expect(r.ok && r.stdout.contains("ok"), "\(r)")
             #expect(sb.unmount().ok)
             #expect(daemon.waitForExit(30) == 0)

@@ -450,21 +450,15 @@ struct MountTests {
     /// and exits 0. Before, libfuse's handler ended the loop and the session was dropped: the close failed
     /// (ENOTCONN) and the file was empty after a remount. An idle mount still ends at once.
     @Test func sigtermWaitsForAProgramStillWritingThenCommitsItsBytes() throws {
-        guard E2E.python != nil else { return }
         let sb = try Sandbox("sigtermbusy")
         defer { sb.cleanup() }
-        try #require(sb.initContainer().ok)
-        let daemon = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
-        defer { daemon.stop() }
-        try #require(E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }, "mount did not come up: \(daemon.stderr)")
         let data = E2E.randomBytes(300_000)
-        try E2E.write(sb.root + "/src", data)
-        let writer = try Child(E2E.python!, ["-c", Self.heldWriter, sb.root + "/src", sb.mnt + "/held.bin", sb.root + "/written", sb.root + "/go"])
+        let (daemon, writer) = try Self.foregroundMountWithAHeldWriter(sb, writing: data)
         defer {
             writer.spawned.signal(SIGKILL)
             writer.stop()
+            daemon.stop()
         }
-        try #require(E2E.wait(20) { FileManager.default.fileExists(atPath: sb.root + "/written") }, "writer: \(writer.stderr)")
         #expect(daemon.spawned.signal(SIGTERM))
         #expect(E2E.wait(10) { !E2E.isMounted(sb.mnt) }, "not detached after SIGTERM")
         usleep(500_000)
@@ -494,26 +488,40 @@ struct MountTests {
     /// A second SIGTERM while a program still uses the detached mount ends the daemon at once, and its log and
     /// status (1) say that changes may be lost.
     @Test func aSecondSIGTERMEndsAtOnceAndSaysChangesMayBeLost() throws {
-        guard E2E.python != nil else { return }
         let sb = try Sandbox("sigtermtwice")
         defer { sb.cleanup() }
-        try #require(sb.initContainer().ok)
-        let daemon = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
-        defer { daemon.stop() }
-        try #require(E2E.wait(30) { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }, "mount did not come up: \(daemon.stderr)")
-        try E2E.write(sb.root + "/src", "x")
-        let writer = try Child(E2E.python!, ["-c", Self.heldWriter, sb.root + "/src", sb.mnt + "/held.bin", sb.root + "/written", sb.root + "/go"])
+        let (daemon, writer) = try Self.foregroundMountWithAHeldWriter(sb, writing: Array("x".utf8))
         defer {
             writer.spawned.signal(SIGKILL)
             writer.stop()
+            daemon.stop()
         }
-        try #require(E2E.wait(20) { FileManager.default.fileExists(atPath: sb.root + "/written") }, "writer: \(writer.stderr)")
         #expect(daemon.spawned.signal(SIGTERM))
         #expect(E2E.wait(10) { daemon.stderr.contains("is in use: detached") }, "\(daemon.stderr)")
         #expect(daemon.spawned.signal(SIGTERM))
         let status = daemon.waitForExit(10)
         #expect(status == 1, "exit status \(String(describing: status)) after a second SIGTERM: \(daemon.stderr)")
         #expect(daemon.stderr.contains("may be lost"), "\(daemon.stderr)")
+    }
+
+    /// A new container mounted in the foreground, and a program that has written `data` to `held.bin` in it
+    /// without fsync and holds it open until `go` appears in the sandbox (`heldWriter`).
+    private static func foregroundMountWithAHeldWriter(_ sb: Sandbox, writing data: [UInt8]) throws -> (daemon: Child, writer: Child) {
+        let python = try #require(E2E.python, "python3 is needed for the program holding the file")
+        try #require(sb.initContainer().ok)
+        let daemon = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
+        guard E2E.wait(30, { E2E.isMounted(sb.mnt) && E2E.answersAsMount(sb.mnt) }) else {
+            daemon.stop()
+            throw Sandbox.SandboxError("mount did not come up: \(daemon.stderr)")
+        }
+        try E2E.write(sb.root + "/src", data)
+        let writer = try Child(python, ["-c", heldWriter, sb.root + "/src", sb.mnt + "/held.bin", sb.root + "/written", sb.root + "/go"])
+        guard E2E.wait(20, { FileManager.default.fileExists(atPath: sb.root + "/written") }) else {
+            writer.stop()
+            daemon.stop()
+            throw Sandbox.SandboxError("the writer did not write: \(writer.stderr)")
+        }
+        return (daemon, writer)
     }
 
     /// Copies argv[1] into argv[2] without fsync and keeps it open; creates argv[3] once written, closes once
