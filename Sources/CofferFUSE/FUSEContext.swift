@@ -29,7 +29,10 @@ final class FUSEContext: @unchecked Sendable {
     private let shutdownDone = Atomic<Bool>(false)
     /// The io_uring entries, once the kernel agreed to them in INIT (FUSERing); nil: all through /dev/fuse.
     private let ringSlot = Mutex<FUSERing?>(nil)
-    var ring: FUSERing? { ringSlot.withLock { $0 } }
+    /// Whether `ringSlot` holds a ring: every reply asks for `ring`, and a mount without rings answers it
+    /// with one atomic load instead of a lock.
+    private let hasRing = Atomic<Bool>(false)
+    var ring: FUSERing? { hasRing.load(ordering: .acquiring) ? ringSlot.withLock { $0 } : nil }
 
     /// Makes the ring entries before the INIT reply asks for io_uring (`KillPrivHook`): once the kernel has agreed,
     /// it holds every request until each CPU queue has an entry, so a ring that cannot be made must not be asked
@@ -37,6 +40,7 @@ final class FUSEContext: @unchecked Sendable {
     func makeRing(fd: Int32, payloadSize: Int) -> Bool {
         guard ring == nil, let made = FUSERing.make(fd: fd, payloadSize: payloadSize, context: self) else { return false }
         ringSlot.withLock { $0 = made }
+        hasRing.store(true, ordering: .releasing)
         return true
     }
 
@@ -45,6 +49,7 @@ final class FUSEContext: @unchecked Sendable {
     func startRing(replyWritten: Bool) {
         guard let r = ring else { return }
         guard replyWritten else {
+            hasRing.store(false, ordering: .releasing)
             ringSlot.withLock { $0 = nil }
             r.stop()
             return
@@ -82,6 +87,7 @@ final class FUSEContext: @unchecked Sendable {
         guard let r = ring else { return }
         let served = r.requests
         r.stop()
+        hasRing.store(false, ordering: .releasing)
         ringSlot.withLock { $0 = nil }
         logger.info("FUSE: \(served) requests came through io_uring")
     }
