@@ -121,14 +121,16 @@ enum CopyDestination {
 
     /// The name a new store is made under until it holds its first progress record (StoreCopy.create).
     static let newStoreName = SQLiteBackend.fileName + ".new"
+    /// The files beside either store (SQLite's journal, WAL and shared memory) and the space reserve.
+    private static let leftoverFiles =
+        [SpaceReserve.fileName] + ["-journal", "-wal", "-shm"].flatMap { [SQLiteBackend.fileName + $0, newStoreName + $0] }
 
     /// What a copy killed before its store held a progress record leaves (StoreCopy.create), or one killed
     /// while an unfinished copy was removed (`removeStore`): the store under its temporary name, the files
     /// beside a store, and the segments directory, empty unless that store is there (a removal under way).
     /// No container and nobody's data: the copy starts afresh there.
     private static func holdsOnlyLeftovers(_ path: String, _ entries: [String]) -> Bool {
-        let companions = ["-journal", "-wal", "-shm"]
-        let ours = Set([newStoreName, SpaceReserve.fileName] + companions.flatMap { [newStoreName + $0, SQLiteBackend.fileName + $0] })
+        let ours = Set([newStoreName] + leftoverFiles)
         let segments = try? FileManager.default.contentsOfDirectory(atPath: path + "/" + Segments.directoryName)
         return entries.allSatisfy { name in
             ours.contains(name) || (name == Segments.directoryName && segments.map { $0.isEmpty || entries.contains(newStoreName) } == true)
@@ -144,10 +146,7 @@ enum CopyDestination {
         let segments = path + "/" + Segments.directoryName
         for f in (try? FileManager.default.contentsOfDirectory(atPath: segments)) ?? [] { unlink(segments + "/" + f) }
         rmdir(segments)
-        for f in [SpaceReserve.fileName] + ["-journal", "-wal", "-shm"].flatMap({ [SQLiteBackend.fileName + $0, newStoreName + $0] }) + [newStoreName]
-        {
-            unlink(path + "/" + f)
-        }
+        for f in leftoverFiles + [newStoreName] { unlink(path + "/" + f) }
     }
 
     private static func headerIdIn(_ path: String) -> String? {
