@@ -159,13 +159,12 @@ static int send_left_reply(struct entry *e, int rearm) {
     return r;
 }
 
-/// The entry's thread ends on `error` (-errno; not at unmount): the owner hears it once per entry.
+/// The entry's thread ends on `error` (-errno; not at unmount): the owner hears the first such end.
 static void entry_failed(struct entry *e, int error, int registering) {
     coffer_ring *ring = e->owner;
     if (error == -ENOTCONN || error == -ECONNABORTED || atomic_load(&ring->stopping)) return;
     int none = 0;
-    atomic_compare_exchange_strong(&ring->failure, &none, -error);
-    ring->failed(ring->context, -error, registering);
+    if (atomic_compare_exchange_strong(&ring->failure, &none, -error)) ring->failed(ring->context, -error, registering);
 }
 
 static int64_t now_ns(void) {

@@ -61,7 +61,7 @@ final class FUSEContext: @unchecked Sendable {
             ringFailed(error)
             return
         }
-        logger.info("FUSE: requests come through io_uring", metadata: ["entriesPerQueue": "\(FUSERing.entriesPerQueue)"])
+        logger.info("FUSE: io_uring entries started", metadata: ["entriesPerQueue": "\(FUSERing.entriesPerQueue)"])
     }
 
     /// What ends the session when ring entries fail (set by `FUSEMount`: `requestExit`).

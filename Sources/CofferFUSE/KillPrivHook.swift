@@ -1,4 +1,5 @@
 import CFuse3
+import Foundation
 import Glibc
 import Synchronization
 
@@ -174,7 +175,10 @@ final class KillPrivHook: Sendable {
             let maxWrite = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: Self.outHeaderSize + 20, as: UInt32.self) }
             let maxPages = message.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: Self.outHeaderSize + 28, as: UInt16.self) }
             let page = max(4096, sysconf(Int32(_SC_PAGESIZE)))
-            ring = context.makeRing(fd: fd, payloadSize: max(8192, Int(maxWrite), Int(maxPages) * page))
+            var payload = max(8192, Int(maxWrite), Int(maxPages) * page)
+            // Tests: buffers smaller than the connection's limit, which the kernel refuses at registration.
+            if let small = ProcessInfo.processInfo.environment["COFFER_TEST_RING_PAYLOAD"].flatMap(Int.init) { payload = small }
+            ring = context.makeRing(fd: fd, payloadSize: payload)
         } else {
             ring = false
         }

@@ -64,7 +64,7 @@ struct IoUringMountTests {
             #expect(r.ok && r.stdout.contains("ok"), "\(r)")
             #expect(sb.unmount().ok)
             #expect(daemon.waitForExit(30) == 0)
-            #expect(daemon.stderr.contains("requests come through io_uring"), "\(daemon.stderr.suffix(800))")
+            #expect(daemon.stderr.contains("io_uring entries started"), "\(daemon.stderr.suffix(800))")
             let served = daemon.stderr.split(separator: "\n").first { $0.contains("requests came through io_uring") }
             let count = served.flatMap { line in line.split(separator: " ").compactMap { Int($0) }.first } ?? 0
             #expect(count > 1000, "requests through the rings: \(served ?? "no line") in \(daemon.stderr.suffix(800))")
@@ -75,6 +75,28 @@ struct IoUringMountTests {
         #expect(sb.unmount().ok)
         let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile])
         #expect(fsck.ok, "\(fsck)")
+    }
+
+    /// The kernel refuses entries whose buffers are smaller than the connection's limit (forced here with a
+    /// test switch): it turns io_uring off for the connection, and the mount serves through /dev/fuse instead of
+    /// leaving its callers waiting for entries that never come.
+    @Test func aRefusedRegistrationFallsBackToDevFuse() throws {
+        let sb = try Sandbox("uringrefused")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        try Self.withRingsOffered {
+            let daemon = try Child(
+                "/usr/bin/env",
+                ["COFFER_TEST_RING_PAYLOAD=4096", E2E.coffer, "mount", "-f", "--log-level", "info", sb.container, sb.mnt, "--passfile", sb.passfile])
+            defer { daemon.stop() }
+            try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
+            try E2E.write(sb.mnt + "/f", "through /dev/fuse after all")
+            #expect(E2E.readText(sb.mnt + "/f") == "through /dev/fuse after all")
+            #expect(sb.unmount().ok)
+            #expect(daemon.waitForExit(30) == 0)
+            #expect(daemon.stderr.contains("the kernel refused an io_uring entry"), "\(daemon.stderr.suffix(800))")
+            #expect(daemon.stderr.contains(" 0 requests came through io_uring"), "\(daemon.stderr.suffix(800))")
+        }
     }
 
     @Test func noUringKeepsDevFuse() throws {

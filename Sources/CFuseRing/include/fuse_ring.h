@@ -23,7 +23,7 @@ typedef struct coffer_ring coffer_ring;
 /// handler's own thread overwrites the arguments (they share the payload buffer).
 typedef void (*coffer_ring_handler)(void *context, void *request, size_t length);
 
-/// Called once per entry whose thread ends on an error (not at unmount or stop): `error` an errno,
+/// Called once, for the first entry whose thread ends on an error (not at unmount or stop): `error` an errno,
 /// `registering` nonzero when the kernel refused the registration (it then serves through /dev/fuse).
 typedef void (*coffer_ring_failed)(void *context, int error, int registering);
 
