@@ -305,7 +305,7 @@ public final class Container: @unchecked Sendable {
     }
 
     /// Whether a PostgreSQL container by that name exists (`coffer init` asks before the password;
-    /// a server that cannot be reached throws `.unreadable`).
+    /// a server that cannot be reached throws `.unreachable`).
     public static func exists(_ location: PostgresLocation) throws(ContainerError) -> Bool { try PostgresHeader.exists(location) }
 
     /// A container in a new schema: the schema, its tables, the header row and the store's first

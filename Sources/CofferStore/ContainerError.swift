@@ -4,6 +4,9 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
     case notFound(String)
     case notADirectory(String)
     case unreadable(String, String)
+    /// A container in PostgreSQL whose server refused or could not take the connection (down, unreachable,
+    /// authentication): not a missing container, and worth trying again.
+    case unreachable(String, String)
     case notAContainer(String)
     case alreadyExists(String)
     case headerDamaged(String)
@@ -26,6 +29,7 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
         case .notFound(let p): return "\(p): no such container directory"
         case .notADirectory(let p): return "\(p): not a directory"
         case .unreadable(let p, let why): return "\(p): cannot read the container: \(why)"
+        case .unreachable(let p, let why): return "\(p): cannot connect to the server: \(why)"
         case .notAContainer(let p): return "\(p): not a Coffer container (no readable \(ContainerHeader.fileName))"
         case .alreadyExists(let p): return "\(p): already exists and is not empty"
         case .headerDamaged(let why): return "container header is damaged: \(why)"

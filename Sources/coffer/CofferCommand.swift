@@ -13,7 +13,7 @@ struct CofferCommand: ParsableCommand {
 
             Exit statuses: 0 ok, 1 failure, 10 no container, 11 header refused, 12 wrong password, \
             13 store damaged, 14 bad mountpoint, 15 already mounted, 16 mount failed, 17 bad password input, \
-            18 store older than last seen (rollback), 64 usage error. `coffer fsck` has its own, as fsck(8) \
+            18 store older than last seen (rollback), 19 cannot connect to the PostgreSQL server, 64 usage error. `coffer fsck` has its own, as fsck(8) \
             (see `coffer fsck --help`).
             """,
         subcommands: [
@@ -39,13 +39,18 @@ struct CLIFailure: Error, CustomStringConvertible {
             switch e {
             case .notFound, .notADirectory, .unreadable, .notAContainer, .alreadyExists:
                 return CLIFailure(message: e.description, code: ExitStatus.noContainer)
+            case .unreachable: return CLIFailure(message: e.description, code: ExitStatus.serverUnreachable)
             case .wrongSecret, .noMatchingSlot: return CLIFailure(message: e.description, code: ExitStatus.wrongPassword)
             case .headerDamaged, .headerTampered, .unsupportedVersion, .unsupportedCipher, .unsupportedFeature, .weakKDF, .kdfOutOfRange:
                 return CLIFailure(message: e.description, code: ExitStatus.headerRefused)
             default: return CLIFailure(message: e.description, code: ExitStatus.failure)
             }
         }
-        if let e = error as? StoreError { return CLIFailure(message: e.description, code: ExitStatus.storeDamaged) }
+        if let e = error as? StoreError {
+            // A server gone is not a damaged store: the user retries, not repairs.
+            if case .unavailable = e { return CLIFailure(message: e.description, code: ExitStatus.serverUnreachable) }
+            return CLIFailure(message: e.description, code: ExitStatus.storeDamaged)
+        }
         return CLIFailure(message: "\(error)", code: ExitStatus.failure)
     }
 }
@@ -61,6 +66,7 @@ enum ExitStatus {
     static let mountFailed: Int32 = 16
     static let badPasswordInput: Int32 = 17
     static let rollback: Int32 = 18
+    static let serverUnreachable: Int32 = 19
     static let usage: Int32 = 64
 }
 

@@ -269,6 +269,30 @@ struct PostgresCLITests {
         #expect(sb.unmount().ok)
     }
 
+    /// A container whose server is down: every command says it cannot connect, with its own status (19),
+    /// not "no container" (10) or "store damaged" (13); nothing is mounted, and the container is whole
+    /// once the server is back. `coffer fsck` keeps fsck(8)'s status for an operational error (8).
+    @Test func aServerThatIsDownIsSaidSoWithItsOwnStatus() throws {
+        let (sb, uri, cluster) = try pgSandbox("pgdown")
+        defer { endFaults(sb, cluster) }
+        try #require(sb.initContainer(container: uri).ok)
+        try cluster.stop(mode: "fast")
+        for args in [
+            ["info", uri], ["mount", "--passfile", sb.passfile, uri, sb.mnt],
+            ["passwd", uri, "--passfile", sb.passfile, "--new-passfile", sb.passfile],
+            ["copy", uri, sb.root + "/copy"]
+        ] {
+            let r = E2E.coffer(args)
+            #expect(r.status == 19 && (r.stderr.contains("cannot connect") || r.stderr.contains("cannot be reached")), "\(args[0]): \(r)")
+        }
+        let f = E2E.coffer(["fsck", uri])
+        #expect(f.status == 8 && f.stderr.contains("cannot connect"), "\(f)")
+        #expect(!E2E.isMounted(sb.mnt))
+        try cluster.start()
+        let info = E2E.coffer(["info", uri])
+        #expect(info.ok, "\(info)")
+    }
+
     /// The server stopped under a mount holding 40 files it has not committed, then `coffer unmount`: the
     /// last commit fails once, within about one reconnect bound, and the unmount says so. The store used
     /// to read every cached inode again after the failed commit, each read waiting the whole bound with
@@ -453,7 +477,7 @@ struct PostgresCLITests {
         #expect(withPassword.status == 64 && withPassword.stderr.contains("~/.pgpass"), "\(withPassword)")
         #expect(!withPassword.stderr.contains(secret) && !withPassword.stdout.contains(secret))
         let noPass = E2E.coffer(["info", base + "?container=s_\(role)&passfile=/nonexistent"])
-        #expect(noPass.status == 10 && !noPass.stderr.contains(secret), "\(noPass)")
+        #expect(noPass.status == 19 && noPass.stderr.contains("cannot connect") && !noPass.stderr.contains(secret), "\(noPass)")
         let daemon = try Child(E2E.coffer, ["mount", "-f", "--log-level", "debug", uri, sb.mnt, "--passfile", sb.passfile])
         defer { daemon.stop() }
         try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")

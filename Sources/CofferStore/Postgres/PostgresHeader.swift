@@ -40,6 +40,7 @@ enum PostgresHeader {
 
     private static func containerError(_ error: any Error, _ location: PostgresLocation) -> ContainerError {
         if let e = error as? ContainerError { return e }
+        if let e = error as? PGError, e.isConnectionLoss { return .unreachable(location.display, e.message) }
         return .unreadable(location.display, "\(error)")  // PGError: passwords already cut out
     }
 }
