@@ -2,7 +2,10 @@ import CofferStore
 import Glibc
 
 /// fallocate(2): growing a file, punching holes and zeroing ranges. Space cannot be reserved inside
-/// the store, so plain allocation only grows the size (what callers observe). A punched or zeroed
+/// the store (content is sealed and packed as it is written), so plain allocation grows the size (what
+/// callers observe) after checking that the disk has room for the new part now: a program that
+/// allocates ahead of writing (journald, download managers, databases) hears ENOSPC at fallocate, as on a
+/// local filesystem, instead of at a later write. The room is not set aside. A punched or zeroed
 /// range gives its whole chunks back (their rows go, the chunk map records holes) and zeroes the
 /// parts of the chunks at its edges, as ext4 does.
 extension CofferFileSystem {
@@ -21,6 +24,7 @@ extension CofferFileSystem {
         guard s.isRegular else { throw s.isDirectory ? .isDirectory : FSError(ENODEV) }
         let (end, overflow) = offset.addingReportingOverflow(length)
         guard length > 0, !overflow, end <= UInt64(Int64.max) else { throw length == 0 ? .invalid : .fileTooBig }
+        if !punch, !zero, end > s.record.size { try checkRoom(allocating: end - max(offset, s.record.size)) }
         try s.content.withWriteLock { () throws(FSError) in
             try meta.withLock { () throws(FSError) in
                 if punch || zero { try clearRange(s, from: offset, to: end) }

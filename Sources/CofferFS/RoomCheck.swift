@@ -38,6 +38,16 @@ extension CofferFileSystem {
         if !hasRoom(for: count) { throw .noSpace }
     }
 
+    /// Refuses (ENOSPC) an allocation of `bytes` past a file's end that the disk cannot hold now, looking
+    /// at the disk every time: one fallocate can ask for more than all the writes between two checks.
+    func checkRoom(allocating bytes: UInt64) throws(FSError) {
+        guard !options.coherent else { return }
+        let count = Int(min(bytes, 1 << 62))  // no disk is that large; the sum with the margin stays in range
+        guard !hasRoom(for: count) else { return }
+        try? commit()  // removed files' space comes back with the commit that deletes their rows
+        if !hasRoom(for: count) { throw .noSpace }
+    }
+
     private func hasRoom(for count: Int) -> Bool {
         store.hasRoom(forWrite: count, more: Int64(meta.withLock { heldTailBytes }) + Self.roomMargin)
     }

@@ -189,11 +189,7 @@ struct CopyTests {
         try sb.initAndMount()
         try E2E.write(sb.mnt + "/big.bin", E2E.randomBytes(12 << 20))
         #expect(E2E.sh("sync '\(sb.mnt)/big.bin'").ok)
-        let disk = sb.root + "/small"
-        try #require(mkdir(disk, 0o700) == 0)
-        let tmpfs = E2E.sh("mount -t tmpfs -o size=5m tmpfs '\(disk)'")
-        try #require(tmpfs.ok, "\(tmpfs)")
-        defer { _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'") }
+        let disk = try sb.smallDisk("5m", name: "small")
 
         let mounted = Self.copy([sb.container, disk + "/b1"])
         #expect(mounted.status == 1, "\(mounted)")

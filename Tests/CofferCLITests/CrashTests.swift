@@ -704,15 +704,7 @@ struct KilledOnAFullDiskTests {
     @Test func remountOnAFullDiskAfterSIGKILL() throws {
         let sb = try Sandbox("fullkill")
         defer { sb.cleanup() }
-        let disk = sb.root + "/disk"
-        try #require(mkdir(disk, 0o700) == 0)
-        let tmpfs = E2E.sh("mount -t tmpfs -o size=24m tmpfs '\(disk)'")
-        try #require(tmpfs.ok, "\(tmpfs)")
-        // The FUSE mount first (its daemon holds the store open), then the tmpfs.
-        defer {
-            E2E.forceUnmount(sb.mnt)
-            _ = E2E.sh("umount '\(disk)' || umount -l '\(disk)'")
-        }
+        let disk = try sb.smallDisk("24m")
         let container = disk + "/c"
         try #require(sb.initContainer(container: container).ok)
         try #require(sb.mount(container: container).ok)

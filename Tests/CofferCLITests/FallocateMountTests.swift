@@ -50,4 +50,42 @@ struct FallocateMountTests {
             blocksAfter + Int((300_000 - 65_536 + 196_608) / 512) <= blocksBefore,
             "blocks before \(blocksBefore), after \(blocksAfter)")
     }
+
+    /// On a container whose disk cannot hold the range, fallocate fails with ENOSPC as on a local disk and
+    /// changes nothing (the size stays); a range that fits is taken, with or without KEEP_SIZE, and
+    /// the file then holds what is written into it. Ranges inside the file need no room.
+    @Test(
+        .enabled(if: E2E.isRoot, "a tmpfs of fixed size needs root"),
+        .enabled(if: !TestEngine.isPostgres, "the room checked is the local disk's; a server's disk is not the client's"))
+    func allocationTheDiskCannotHoldIsRefused() throws {
+        let fallocate = try #require(E2E.which("fallocate"), "fallocate (util-linux) is not installed")
+        let sb = try Sandbox("fallocatefull")
+        defer { sb.cleanup() }
+        let container = try sb.smallDisk("48m") + "/c"
+        try #require(sb.initContainer(container: container).ok)
+        try #require(sb.mount(container: container).ok)
+        let f = sb.mnt + "/f"
+        try E2E.write(f, "head")
+        let tooBig = E2E.run(fallocate, ["--length", "200MiB", f])
+        #expect(!tooBig.ok && tooBig.stderr.contains("No space left"), "\(tooBig)")
+        #expect(E2E.statOf(f)?.st_size == 4, "a refused fallocate changed the size")
+        let keepSize = E2E.run(fallocate, ["--keep-size", "--offset", "4", "--length", "1GiB", f])
+        #expect(!keepSize.ok && keepSize.stderr.contains("No space left"), "\(keepSize)")
+        let fits = E2E.run(fallocate, ["--length", "8MiB", f])
+        #expect(fits.ok, "\(fits)")
+        #expect(E2E.statOf(f)?.st_size == 8 << 20)
+        let inside = E2E.run(fallocate, ["--offset", "0", "--length", "1MiB", f])
+        #expect(inside.ok, "\(inside)")
+        let data = E2E.randomBytes(1 << 20)
+        let h = try #require(FileHandle(forWritingAtPath: f))
+        try h.seek(toOffset: 3 << 20)
+        try h.write(contentsOf: Data(data))
+        try h.synchronize()
+        try h.close()
+        #expect(sb.unmount().ok)
+        try #require(sb.mount(container: container).ok)
+        let back = try #require(E2E.read(f))
+        #expect(back.count == 8 << 20 && back[(3 << 20)..<(4 << 20)].elementsEqual(data) && back.prefix(4).elementsEqual(Array("head".utf8)))
+        #expect(sb.unmount().ok)
+    }
 }

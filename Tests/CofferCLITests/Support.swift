@@ -449,6 +449,16 @@ final class Sandbox: @unchecked Sendable {
         try #require(E2E.isMounted(mnt), "not in /proc/mounts after mount returned")
     }
 
+    /// A tmpfs of `size` (mount(8)'s form: "24m") at `root/name`, for full-disk tests (root only).
+    /// `cleanup` unmounts it after the mounts made on top of it.
+    func smallDisk(_ size: String, name: String = "disk") throws -> String {
+        let disk = root + "/" + name
+        try #require(mkdir(disk, 0o700) == 0)
+        let tmpfs = E2E.sh("mount -t tmpfs -o size=\(size) tmpfs '\(disk)'")
+        try #require(tmpfs.ok, "\(tmpfs)")
+        return disk
+    }
+
     /// Unmounts and mounts again at `at` (default: the same mountpoint).
     func remount(at: String? = nil, options: String? = nil) throws {
         let u = unmount()
