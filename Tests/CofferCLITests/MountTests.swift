@@ -445,6 +445,50 @@ struct MountTests {
         #expect(sb.unmount().ok)
     }
 
+    /// SIGTERM to an ordinary user's daemon (mounted through the setuid fusermount3, which also unmounts
+    /// it): with the mount idle it commits the bytes still in the writeback cache, unmounts and ends; with a
+    /// program inside the mount it detaches (fusermount3 -uz), serves the program to its end, then ends.
+    /// Both keep every byte written, as root's do.
+    @Test(.enabled(if: E2E.isRoot && E2E.which("unshare") != nil && E2E.which("setpriv") != nil, "needs root, unshare and setpriv"))
+    func sigtermUnmountsAnOrdinaryUsersMount() throws {
+        let sb = try Sandbox("sigtermuser")
+        defer { sb.cleanup() }
+        let (c, m, root) = (sb.container, sb.mnt, sb.root)
+        let mount = "$AS_NOBODY \(E2E.coffer) mount \(c) \(m) --passfile \(sb.passfile)"
+        let r = try sb.runUnprivileged(
+            """
+            trap '\(E2E.coffer) unmount \(m) >/dev/null 2>&1' EXIT
+            daemon() { pgrep -u 65534 -f -- "mount \(c) \(m) --"; }
+            ended() { for i in $(seq 1 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
+            mounted() { grep -q " \(m) fuse.coffer " /proc/mounts; }
+            $AS_NOBODY \(E2E.coffer) init \(c) --passfile \(sb.passfile) \(Sandbox.kdfArgs.joined(separator: " ")) > /dev/null || exit 92
+            \(mount) || exit 93
+            $AS_NOBODY sh -c 'head -c 300000 /dev/urandom > \(root)/idle && cp \(root)/idle \(m)/idle' || exit 94
+            pid=$(daemon); kill -TERM "$pid"
+            ended "$pid" && echo "idle: ended"
+            mounted || echo "idle: unmounted"
+            \(mount) || exit 95
+            $AS_NOBODY sh -c 'head -c 300000 /dev/urandom > \(root)/busy && cp \(root)/busy \(m)/busy' || exit 96
+            $AS_NOBODY sh -c 'cd \(m) && exec sleep 3' & sleeper=$!
+            sleep 0.5
+            pid=$(daemon); kill -TERM "$pid"
+            sleep 1
+            mounted || echo "busy: detached"
+            kill -0 "$pid" 2>/dev/null && echo "busy: serving"
+            wait "$sleeper"
+            ended "$pid" && echo "busy: ended"
+            \(mount) || exit 97
+            $AS_NOBODY sh -c 'cmp \(root)/idle \(m)/idle && cmp \(root)/busy \(m)/busy' && echo "bytes kept"
+            \(E2E.coffer) unmount \(m) || exit 98
+            exit 0
+            """)
+        #expect(r.ok, "\(r)")
+        for line in ["idle: ended", "idle: unmounted", "busy: detached", "busy: serving", "busy: ended", "bytes kept"] {
+            #expect(r.stdout.contains(line), "\(line): \(r)")
+        }
+        #expect(!E2E.isMounted(m), "a mount leaked out of the private namespace")
+    }
+
     /// SIGTERM while a program holds a file it wrote (no fsync: the bytes sit in the kernel's writeback cache)
     /// unmounts as `coffer unmount --lazy` does: the daemon serves the program until it closes, then commits
     /// and exits 0. Before, libfuse's handler ended the loop and the session was dropped: the close failed

@@ -529,21 +529,17 @@ struct ServiceTests {
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
         try #require(chmod(sb.root, 0o755) == 0)
-        for p in [sb.container, sb.mnt, sb.passfile] { try #require(E2E.run("/bin/chown", ["-R", "65534:65534", p]).ok) }
-        let user = "setpriv --reuid=65534 --regid=65534 --clear-groups"
         let mount = "\(E2E.coffer) mount \(sb.container) \(sb.mnt) --passfile \(sb.passfile)"
-        let script = """
-            mknod \(sb.root)/fuse c 10 229 && chmod 666 \(sb.root)/fuse && mount --bind \(sb.root)/fuse /dev/fuse || exit 90
-            export COFFER_STATE_DIR=\(sb.root)/state
+        let r = try sb.runUnprivileged(
+            """
             trap '\(E2E.coffer) unmount \(sb.mnt) >/dev/null 2>&1' EXIT
-            \(user) \(mount); echo "plain status $?"
+            $AS_NOBODY \(mount); echo "plain status $?"
             grep -q " \(sb.mnt) fuse.coffer " /proc/mounts && echo "plain mounted"
             \(E2E.coffer) unmount \(sb.mnt) || exit 91
-            \(user) --no-new-privs \(mount); echo "nnp status $?"
+            $AS_NOBODY --no-new-privs \(mount); echo "nnp status $?"
             grep -q " \(sb.mnt) fuse.coffer " /proc/mounts && echo "nnp mounted"
             exit 0
-            """
-        let r = E2E.run(E2E.which("unshare") ?? "unshare", ["-m", "--propagation", "private", "/bin/sh", "-c", script], timeout: 120)
+            """)
         #expect(r.ok, "\(r)")
         #expect(r.stdout.contains("plain status 0") && r.stdout.contains("plain mounted"), "an unprivileged mount failed without no_new_privs: \(r)")
         #expect(r.stdout.contains("nnp status 16") && !r.stdout.contains("nnp mounted"), "a mount under no_new_privs did not fail: \(r)")

@@ -449,6 +449,21 @@ final class Sandbox: @unchecked Sendable {
         try #require(E2E.isMounted(mnt), "not in /proc/mounts after mount returned")
     }
 
+    /// Runs `script` (sh) in a private mount namespace whose /dev/fuse everyone may use, so commands run
+    /// as `$AS_NOBODY COMMAND` (uid and gid 65534) mount through the setuid fusermount3 as an ordinary
+    /// user would; nothing outside sees those mounts. The sandbox's root is given to nobody first;
+    /// COFFER_STATE_DIR is `root/state`. Root only; status 90: the namespace could not be set up.
+    func runUnprivileged(_ script: String, timeout: TimeInterval = 120) throws -> RunResult {
+        try #require(E2E.run("/bin/chown", ["-R", "65534:65534", root]).ok)
+        let prelude = """
+            mknod \(root)/fuse c 10 229 && chmod 666 \(root)/fuse && mount --bind \(root)/fuse /dev/fuse || exit 90
+            export COFFER_STATE_DIR=\(root)/state
+            AS_NOBODY="setpriv --reuid=65534 --regid=65534 --clear-groups"
+
+            """
+        return E2E.run(E2E.which("unshare") ?? "unshare", ["-m", "--propagation", "private", "/bin/sh", "-c", prelude + script], timeout: timeout)
+    }
+
     /// A tmpfs of `size` (mount(8)'s form: "24m") at `root/name`, for full-disk tests (root only).
     /// `cleanup` unmounts it after the mounts made on top of it.
     func smallDisk(_ size: String, name: String = "disk") throws -> String {
