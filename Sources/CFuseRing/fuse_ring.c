@@ -84,6 +84,9 @@ struct coffer_ring {
     _Atomic int failure;  // the first error an entry's command ended with (not ENOTCONN)
     _Atomic int spinner;  // an entry is spinning for the next request (spin_for_next)
     int64_t spin_ns;
+    /// Test switch (COFFER_TEST_RING_FAIL_AFTER=N): the entry that takes the Nth request fails with EIO
+    /// instead of handling it, as a command the kernel ends with an error would; 0: never.
+    uint64_t fail_after;
     struct entry entries[];
 };
 
@@ -242,7 +245,10 @@ static void *entry_thread(void *arg) {
             entry_failed(e, res, e->last_cmd == CMD_REGISTER);
             break;
         }
-        atomic_fetch_add(&ring->requests, 1);
+        if (atomic_fetch_add(&ring->requests, 1) + 1 == ring->fail_after) {
+            entry_failed(e, -EIO, 0);
+            break;
+        }
         e->commit_id = e->header->ent.commit_id;
         uint64_t unique;
         memcpy(&unique, e->header->in_out + 8, 8);
@@ -344,6 +350,8 @@ coffer_ring *coffer_ring_start(int fuse_fd, unsigned per_queue, size_t payload_s
     ring->spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? SPIN_NS : 0;  // with one processor the spinner would only keep the client from it
     ring->context = context;
     ring->count = count;
+    const char *fail_after = getenv("COFFER_TEST_RING_FAIL_AFTER");
+    ring->fail_after = fail_after ? strtoull(fail_after, NULL, 10) : 0;
     ring->stop_fd = eventfd(0, EFD_CLOEXEC);
     int err = ring->stop_fd < 0 ? errno : 0;
     unsigned made = 0;

@@ -64,8 +64,8 @@ final class FUSEContext: @unchecked Sendable {
         logger.info("FUSE: io_uring entries started", metadata: ["entriesPerQueue": "\(FUSERing.entriesPerQueue)"])
     }
 
-    /// What ends the session when ring entries fail (set by `FUSEMount`: `requestExit`).
-    let onRingFailure = Mutex<(@Sendable () -> Void)?>(nil)
+    /// What ends the session when ring entries fail, told why (set by `FUSEMount`: `fail`).
+    let onRingFailure = Mutex<(@Sendable (String) -> Void)?>(nil)
 
     /// An entry's command failed (`error`, an errno). A refused registration puts the kernel back on /dev/fuse
     /// (it turns io_uring off for the connection); a failure once the rings serve leaves that entry's queue
@@ -77,8 +77,9 @@ final class FUSEContext: @unchecked Sendable {
                 metadata: ["error": "\(String(cString: strerror(error)))"])
             return
         }
-        logger.error("FUSE: an io_uring entry failed; ending the session", metadata: ["error": "\(String(cString: strerror(error)))"])
-        onRingFailure.withLock { $0 }?()
+        let why = String(cString: strerror(error))
+        logger.error("FUSE: an io_uring entry failed; ending the session", metadata: ["error": "\(why)"])
+        onRingFailure.withLock { $0 }?("an io_uring entry failed (\(why))")
     }
 
     /// Stops the ring entries (the session loop is over, lock waiters answered). The ring stays reachable until its

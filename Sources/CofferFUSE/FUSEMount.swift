@@ -34,6 +34,7 @@ public final class FUSEMount: @unchecked Sendable {
         var loopThread: pthread_t?
         /// A second stop signal ended the loop while programs still used the mount.
         var endedInUse = false
+        var failure: String?
     }
     private let state = Mutex(State())
 
@@ -91,6 +92,41 @@ public final class FUSEMount: @unchecked Sendable {
 
     /// True once a stop signal has been received: the mount is being unmounted (or detached, waiting for its users).
     public var isStopping: Bool { state.withLock { $0.stop != .none || $0.exitRequested } }
+
+    /// Why the session ended on its own (a failure of the FUSE transport, not an unmount or a signal), if it did.
+    public var failure: String? { state.withLock { $0.failure } }
+
+    /// How long a failing session waits for the kernel's cached writes before it ends (`fail`).
+    static let failureFlushWait: DispatchTimeInterval = .seconds(10)
+
+    /// Ends the session on a failure of its own (`failure` says why). What still serves (the other ring
+    /// entries) first takes the kernel's cached writes (syncfs, waited for at most `failureFlushWait`: it
+    /// may hang on what failed), then the loop ends as on `requestExit`. Never blocks its caller (an
+    /// entry's thread).
+    func fail(_ why: String) {
+        let first = state.withLock { s -> Bool in
+            guard s.failure == nil else { return false }
+            s.failure = why
+            return true
+        }
+        guard first else { return }
+        let path = mountpoint
+        let flushed = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            if fd >= 0 {
+                _ = coffer_syncfs(fd)
+                close(fd)
+            }
+            flushed.signal()
+        }
+        Thread.detachNewThread { [self] in
+            if flushed.wait(timeout: .now() + Self.failureFlushWait) == .timedOut {
+                logger.error("FUSE: the kernel's cached writes could not all be taken before the session ends")
+            }
+            requestExit()
+        }
+    }
 
     /// Asks the loop to end at once (as a second SIGTERM). Safe from any thread, before, during or after `run`.
     public func requestExit() {
@@ -285,7 +321,7 @@ public final class FUSEMount: @unchecked Sendable {
             ])
 
         // A ring entry that failed once the rings serve: end the session rather than leave its queue's callers waiting.
-        ctx.onRingFailure.withLock { $0 = { [weak self] in self?.requestExit() } }
+        ctx.onRingFailure.withLock { $0 = { [weak self] in self?.fail($0) } }
         ctx.pageFiller?.start(session: se)
         ctx.lockWaiters.attach(se)
         ctx.kernelNotifier.start(session: se, fs: ctx.fs)

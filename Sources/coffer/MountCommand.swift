@@ -389,6 +389,11 @@ final class PreparedMount: @unchecked Sendable {
         keys.wipe()
         lock.release()
         if let why = fs.finalCommitFailure { throw CLIFailure(message: why, code: ExitStatus.failure) }
+        if let why = fuse.failure {
+            throw CLIFailure(
+                message: "the mount of \(mountpoint) ended: \(why); mount it again (-o no_uring keeps it off io_uring)",
+                code: ExitStatus.failure)
+        }
         if fuse.endedWhileInUse {
             throw CLIFailure(
                 message: "ended by a second signal while programs still used \(mountpoint): changes they had not fsynced may be lost",

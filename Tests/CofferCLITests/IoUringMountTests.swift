@@ -99,6 +99,56 @@ struct IoUringMountTests {
         }
     }
 
+    /// An entry that fails once the rings serve (a test switch fails the one that takes request 3,000) ends the
+    /// session, and nothing answered is lost: the other entries first take the kernel's cached writes (a file
+    /// still open and never fsynced is whole after a remount), every file created before the failure is there,
+    /// fsck is clean, and the daemon exits 1 saying why instead of ending quietly with 0.
+    @Test func anEntryThatFailsEndsTheSessionKeepingWhatWasWritten() throws {
+        let python = try #require(E2E.python, "python3 is needed for the writer")
+        let sb = try Sandbox("uringfail")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let data = E2E.randomBytes(3_000_000)
+        try E2E.write(sb.root + "/src", data)
+        try Self.withRingsOffered {
+            let daemon = try Child(
+                "/usr/bin/env",
+                ["COFFER_TEST_RING_FAIL_AFTER=3000", E2E.coffer, "mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
+            defer { daemon.stop() }
+            try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
+            let writer = #"""
+                import os, sys, time
+                m, src = sys.argv[1:3]
+                held = os.open(m + "/held", os.O_WRONLY | os.O_CREAT, 0o644)
+                os.write(held, open(src, "rb").read())
+                made = 0
+                for i in range(20000):
+                    try:
+                        with open(f"{m}/f{i}", "w") as f: f.write(str(i))
+                    except OSError: break
+                    made += 1
+                print("made", made)
+                try: os.close(held)
+                except OSError: pass
+                """#
+            let r = E2E.run(python, ["-c", writer, sb.mnt, sb.root + "/src"], timeout: 120)
+            let made = r.stdout.split(separator: " ").last.flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } ?? 0
+            #expect(made > 100 && made < 20000, "files made before the failure: \(r)")
+            #expect(daemon.waitForExit(30) == 1, "\(daemon.stderr.suffix(800))")
+            #expect(daemon.stderr.contains("ended: an io_uring entry failed"), "\(daemon.stderr.suffix(800))")
+            #expect(E2E.wait(10) { !E2E.isMounted(sb.mnt) }, "still mounted after the session ended")
+            try #require(sb.mount(options: "no_uring").ok)
+            let held = E2E.read(sb.mnt + "/held")
+            let whole = held == data
+            #expect(whole, "the open file's cached bytes were lost: \(held?.count ?? -1) of \(data.count) bytes")
+            let missing = (0..<made).filter { E2E.readText(sb.mnt + "/f\($0)") != "\($0)" }
+            #expect(missing.isEmpty, "files answered before the failure are missing or wrong: \(missing.prefix(10))")
+            #expect(sb.unmount().ok)
+        }
+        let fsck = E2E.coffer(["fsck", sb.container, "--passfile", sb.passfile])
+        #expect(fsck.ok, "\(fsck)")
+    }
+
     @Test func noUringKeepsDevFuse() throws {
         let sb = try Sandbox("nouring")
         defer { sb.cleanup() }
