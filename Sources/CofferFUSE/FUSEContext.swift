@@ -26,6 +26,10 @@ final class FUSEContext: @unchecked Sendable {
     let kernelNotifier = KernelNotifier()
     /// Blocking lock requests parked off the workers (filesystems that share locks only).
     let lockWaiters = LockWaiters()
+    /// Whether requests are counted in `activity` (only when a mount unmounts itself when idle: `-o idle=`).
+    let countsActivity: Bool
+    /// Requests answered so far, statfs aside (`LowLevelOps.serve`); read by `FUSEMount`'s idle watcher.
+    let activity = Atomic<UInt64>(0)
     private let shutdownDone = Atomic<Bool>(false)
     /// The io_uring entries, once the kernel agreed to them in INIT (FUSERing); nil: all through /dev/fuse.
     private let ringSlot = Mutex<FUSERing?>(nil)
@@ -111,8 +115,9 @@ final class FUSEContext: @unchecked Sendable {
 
     init(
         fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,
-        connOptions: OpaquePointer?, killPrivV2: Bool = true, ioUring: Bool = true
+        connOptions: OpaquePointer?, killPrivV2: Bool = true, ioUring: Bool = true, countsActivity: Bool = false
     ) {
+        self.countsActivity = countsActivity
         self.fs = fs
         self.timeouts = fs.cacheTimeouts
         self.logger = logger

@@ -216,7 +216,7 @@ public final class FUSEMount: @unchecked Sendable {
         let ctx = FUSEContext(
             fs: filesystem, logger: logger, maxWrite: min(options.maxWrite, 1 << 20),
             writebackRequested: options.writebackCache, connOptions: parsed,
-            killPrivV2: options.killPrivV2, ioUring: options.ioUring)
+            killPrivV2: options.killPrivV2, ioUring: options.ioUring, countsActivity: options.idleUnmount != nil)
         context = ctx
 
         var ops = LowLevelOps.make(sharesLocks: filesystem.sharesLocks)
@@ -327,6 +327,7 @@ public final class FUSEMount: @unchecked Sendable {
         ctx.kernelNotifier.start(session: se, fs: ctx.fs)
         ctx.session.withLock { $0 = FUSEContext.SessionPointer(pointer: se) }
         startWatcher(deviceBefore: deviceBefore, context: ctx, onReady: onReady)
+        if let idle = options.idleUnmount { startIdleWatcher(idle, context: ctx) }
 
         let result: Int32
         if options.singleThreaded {
@@ -480,6 +481,48 @@ public final class FUSEMount: @unchecked Sendable {
         }
     }
 
+    /// `-o idle=`: unmounts once no request but statfs has come for `idle` (as gocryptfs's -idle and CryFS's
+    /// --unmount-idle), by a normal unmount only, which the kernel refuses while the mount is in use (an open
+    /// file, a working directory inside): then it stays, and is tried again at each look while still idle.
+    /// The kernel writes its cached pages through the running loop as it unmounts. Looks every tenth of `idle`
+    /// (between 1 s and 1 min).
+    private func startIdleWatcher(_ idle: Duration, context: FUSEContext) {
+        let look = min(max(idle / 10, .seconds(1)), .seconds(60))
+        Thread.detachNewThread { [self] in
+            var seen = context.activity.load(ordering: .relaxed)
+            var since = ContinuousClock.now
+            var toldInUse = false
+            while isRunning {
+                Thread.sleep(forTimeInterval: Double(look.components.seconds) + Double(look.components.attoseconds) / 1e18)
+                let now = context.activity.load(ordering: .relaxed)
+                if now != seen {
+                    (seen, since, toldInUse) = (now, .now, false)
+                    continue
+                }
+                guard ContinuousClock.now - since >= idle else { continue }
+                let claimed = state.withLock { s -> Bool in
+                    guard s.phase == .running, !s.exitRequested, s.stop == .none else { return false }
+                    s.stop = .unmounting
+                    return true
+                }
+                guard claimed else { return }
+                let result = Self.unmount(mountpoint, lazy: false)
+                state.withLock { s in if s.stop == .unmounting { s.stop = result == .done ? .unmounted : .none } }
+                switch result {
+                case .done:
+                    logger.notice("no use for \(idle.components.seconds) s (idle=): unmounting \(mountpoint)")
+                    return
+                case .busy:
+                    if !toldInUse { logger.info("idle for \(idle.components.seconds) s, but \(mountpoint) is in use: it stays mounted") }
+                    toldInUse = true
+                case .failed(let why):
+                    logger.warning("idle for \(idle.components.seconds) s, but \(mountpoint) could not be unmounted: \(why)")
+                    since = .now
+                }
+            }
+        }
+    }
+
     /// The same stop signal again: the loop ends now, and any program still using the mount loses what the kernel
     /// had not handed over yet (said in the log, and by `endedWhileInUse`).
     private func endOnRepeatedSignal(_ sig: Int32) {
@@ -497,7 +540,7 @@ public final class FUSEMount: @unchecked Sendable {
         requestExit()
     }
 
-    private enum UnmountResult: CustomStringConvertible {
+    private enum UnmountResult: CustomStringConvertible, Equatable {
         case done, busy
         case failed(String)
         var description: String {

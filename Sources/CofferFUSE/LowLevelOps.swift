@@ -60,14 +60,16 @@ enum LowLevelOps {
     // MARK: - Plumbing
 
     /// Runs one request: `body` gets the mount's context and sends the reply when it succeeds; an error it
-    /// throws is the reply (EIO when the request has no context). Every op that answers goes through here.
+    /// throws is the reply (EIO when the request has no context). Every op that answers goes through here,
+    /// and counts as use of the mount (`-o idle=`) unless `use` is false (statfs: a panel's `df` is not use).
     @inline(__always)
-    static func serve(_ req: fuse_req_t?, _ body: (FUSEContext) throws(FSError) -> Void) {
+    static func serve(_ req: fuse_req_t?, use: Bool = true, _ body: (FUSEContext) throws(FSError) -> Void) {
         guard let req, let raw = fuse_req_userdata(req) else {
             fuse_reply_err(req, EIO)
             return
         }
         let ctx = Unmanaged<FUSEContext>.fromOpaque(raw).takeUnretainedValue()
+        if use && ctx.countsActivity { ctx.activity.add(1, ordering: .relaxed) }
         do { try body(ctx) } catch { fuse_reply_err(req, error.errno > 0 ? error.errno : EIO) }
     }
 
@@ -171,7 +173,7 @@ enum LowLevelOps {
     // MARK: - Filesystem
 
     static func statfs(_ req: fuse_req_t?) {
-        serve(req) { ctx throws(FSError) in
+        serve(req, use: false) { ctx throws(FSError) in
             let s = try ctx.fs.statfs()
             var v = statvfs()
             v.f_bsize = UInt(truncatingIfNeeded: s.blockSize)

@@ -25,6 +25,8 @@ struct MountOptionSet {
     var reconnectWait: Double = 30
     /// How long changes may wait in memory before a group commit (ext4's `commit=`); fsync and unmount commit at once.
     var commitInterval: Double = 1
+    /// Unmount after this many seconds without use (`idle=`); nil or 0: never.
+    var idleSeconds: Double?
     /// Set-user-ID programs and device files are not honoured in the mount unless asked (`suid`, `dev`),
     /// in every form: libfuse defaults to nosuid,nodev, but mount.fuse3 asks for suid,dev (see `fromMountHelper`).
     var nosuid = true
@@ -69,6 +71,10 @@ struct MountOptionSet {
             "PostgreSQL containers: how long an operation waits for a lost server to come back before it fails with EIO (default 30, 0 to 3600)"
         ),
         (["max_threads=N"], "worker threads, 1 to 256 (default: one more than cores)"),
+        (
+            ["idle=TIME"],
+            "unmount by itself once nothing but statfs has used the mount for TIME (seconds, or with s, m, h: idle=10m; 1 s to 7 days; 0: never); a mount in use (an open file, a working directory inside) stays"
+        ),
         (
             ["commit=SECONDS"],
             "how long changes may wait in memory before they are committed together (default 1, 0.05 to 600; fsync and unmount commit at once, a group of several MiB sooner, and a PostgreSQL container with other mounts within 50 ms)"
@@ -133,6 +139,13 @@ struct MountOptionSet {
                     throw CLIFailure(message: "mount option commit=\(v): expected a number of seconds from 0.05 to 600", code: ExitStatus.usage)
                 }
                 commitInterval = n
+            case ("idle", let v?):
+                guard let n = Self.seconds(v), n == 0 || (1...604_800).contains(n) else {
+                    throw CLIFailure(
+                        message: "mount option idle=\(v): expected a time from 1 s to 7 days (seconds, or with s, m, h: 90, 90s, 10m, 1h), or 0",
+                        code: ExitStatus.usage)
+                }
+                idleSeconds = n == 0 ? nil : n
             case ("suid", nil), ("allow_suid", nil): nosuid = false
             case ("nosuid", nil): nosuid = true
             case ("dev", nil), ("allow_dev", nil): nodev = false
@@ -144,6 +157,14 @@ struct MountOptionSet {
                 throw CLIFailure(message: "unknown mount option \"\(raw)\" (known: \(Self.documentedNames))", code: ExitStatus.usage)
             }
         }
+    }
+
+    /// A time written as seconds or with a unit (s, m, h): "90", "1.5h"; nil when it is not one.
+    static func seconds(_ text: String) -> Double? {
+        let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600]
+        let (number, scale) = text.last.flatMap { units[$0] }.map { (text.dropLast(), $0) } ?? (Substring(text), 1)
+        guard let n = Double(number), n.isFinite, n >= 0 else { return nil }
+        return n * scale
     }
 
     private static func escape(_ option: String) -> String {
@@ -183,6 +204,7 @@ struct MountOptionSet {
         // kernel ends the connection only when io_uring has torn them down, a moment later, and the dead mount stayed.
         o.ioUring = ioUring && !singleThreaded && !autoUnmount
         if let maxThreads { o.maxThreads = maxThreads }
+        if let idleSeconds { o.idleUnmount = .milliseconds(Int64(idleSeconds * 1000)) }
         o.writebackCache = writebackCache
         // noatime says what a FUSE mount of Coffer does (the kernel never moves a FUSE file's atime, and
         // Coffer does not on reads): the mount showed relatime, and tools trusted atime (a tester found it).

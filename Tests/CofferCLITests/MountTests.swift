@@ -233,6 +233,42 @@ struct MountTests {
         #expect(E2E.wait(5) { cofferProcesses(serving: sb.container).isEmpty })
     }
 
+    /// `-o idle=2`: a mount used now and then stays; a program's working directory inside keeps an idle mount
+    /// (the unmount is a normal one, refused while in use); `df` now and then is not use; once let go and left
+    /// alone for the idle time it unmounts by itself, exits 0, and everything written is there after a remount.
+    @Test func anIdleMountUnmountsItselfWhenNothingUsesIt() throws {
+        let sb = try Sandbox("idle")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        for bad in ["idle=soon", "idle=-5", "idle=0.5", "idle=8d", "idle=30d", "idle="] {
+            let r = sb.mount(options: bad)
+            #expect(r.status == 64 && r.stderr.contains(bad == "idle=" ? "unknown" : bad), "\(bad): \(r)")
+        }
+        let daemon = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile, "-o", "idle=2"])
+        defer { daemon.stop() }
+        try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "\(daemon.stderr)")
+        for i in 0..<8 {
+            try E2E.write(sb.mnt + "/f\(i)", "file \(i)")
+            usleep(500_000)
+        }
+        #expect(E2E.isMounted(sb.mnt), "unmounted while used every half second")
+        let inside = try Child("/bin/sh", ["-c", "cd '\(sb.mnt)' && sleep 4"])
+        defer { inside.stop() }
+        usleep(3_500_000)
+        #expect(E2E.isMounted(sb.mnt), "unmounted while a shell's working directory was inside")
+        #expect(inside.waitForExit(20) == 0)
+        // df every half second for 5 s: the mount is gone before it ends (statfs is not use).
+        let df = E2E.run("/bin/sh", ["-c", "for i in $(seq 1 10); do df '\(sb.mnt)' > /dev/null; sleep 0.5; done"])
+        #expect(df.ok, "\(df)")
+        #expect(!E2E.isMounted(sb.mnt), "still mounted after the idle time with nothing inside but df")
+        #expect(daemon.waitForExit(30) == 0, "\(daemon.stderr)")
+        #expect(daemon.stderr.contains("no use for 2 s (idle=)"), "\(daemon.stderr)")
+        try #require(sb.mount().ok)
+        let missing = (0..<8).filter { E2E.readText(sb.mnt + "/f\($0)") != "file \($0)" }
+        #expect(missing.isEmpty, "files written before the idle unmount: \(missing)")
+        #expect(sb.unmount().ok)
+    }
+
     @Test func maxThreadsIsCheckedAndApplies() throws {
         let sb = try Sandbox("maxthreads")
         defer { sb.cleanup() }
