@@ -84,8 +84,8 @@ struct coffer_ring {
     _Atomic int failure;  // the first error an entry's command ended with (not ENOTCONN)
     _Atomic int spinner;  // an entry is spinning for the next request (spin_for_next)
     int64_t spin_ns;
-    /// Test switch (COFFER_TEST_RING_FAIL_AFTER=N): the entry that takes the Nth request fails with EIO
-    /// instead of handling it, as a command the kernel ends with an error would; 0: never.
+    /// Test switch (COFFER_TEST_RING_FAIL_AFTER=N): the entry that takes the Nth request ends with EIO instead
+    /// of handling it, keeping that request unanswered (its caller waits until the connection ends); 0: never.
     uint64_t fail_after;
     struct entry entries[];
 };

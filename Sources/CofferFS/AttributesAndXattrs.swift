@@ -10,7 +10,10 @@ extension CofferFileSystem {
     public func setattr(_ ino: InodeNumber, changes: AttributeChanges, handle: HandleID?, caller: Caller) throws(FSError) -> Attributes {
         try checkWritable()
         let s = try meta.withLock { () throws(FSError) in try state(ino) }
-        if let size = changes.size { try truncate(s, to: size) }
+        if let size = changes.size {
+            try truncate(s, to: size)
+            meta.withLock { s.refusedFrom = nil }
+        }
         return try meta.withLock { () throws(FSError) -> Attributes in
             let now = StoredTime.now()
             var changed = changes.size != nil

@@ -247,7 +247,7 @@ extension CofferFileSystem {
         }
         guard s.isRegular else { throw .invalid }
         guard !data.isEmpty else { return 0 }
-        try checkRoom(for: data.count)
+        try checkRoom(for: data.count, writing: s, at: offset)
         var sweep = false
         try s.content.withWriteLock { () throws(FSError) in
             enum Plan {
@@ -259,6 +259,8 @@ extension CofferFileSystem {
                 let start = offset
                 let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
                 guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
+                // Checked again here: a write past the end that passed the room check while another was refused.
+                if s.refusedFrom != nil && start > s.record.size { throw .noSpace }
                 // A map lists at most `ChunkMapRoot.maxPages` pages: one that needed more would leave an inode
                 // that no read accepts (a file of 32 TiB at 32 KiB chunks, 4 TiB at 4 KiB, or one that sparse).
                 guard s.chunkMap.fits(start / UInt64(chunkSize), (end - 1) / UInt64(chunkSize), tail: s.tail?.index) else {

@@ -20,11 +20,14 @@ extension CofferFileSystem {
         guard mode & ~(Self.keepSizeFlag | Self.punchHoleFlag | Self.zeroRangeFlag) == 0, !(punch && zero),
             !punch || keepSize
         else { throw .notSupported }
-        let s = try meta.withLock { () throws(FSError) in try state(ino) }
+        let (s, size) = try meta.withLock { () throws(FSError) in
+            let s = try state(ino)
+            return (s, s.record.size)
+        }
         guard s.isRegular else { throw s.isDirectory ? .isDirectory : FSError(ENODEV) }
         let (end, overflow) = offset.addingReportingOverflow(length)
         guard length > 0, !overflow, end <= UInt64(Int64.max) else { throw length == 0 ? .invalid : .fileTooBig }
-        if !punch, !zero, end > s.record.size { try checkRoom(allocating: end - max(offset, s.record.size)) }
+        if !punch, !zero, end > size { try checkRoom(allocating: end - max(offset, size)) }
         try s.content.withWriteLock { () throws(FSError) in
             try meta.withLock { () throws(FSError) in
                 if punch || zero { try clearRange(s, from: offset, to: end) }

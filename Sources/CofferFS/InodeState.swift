@@ -15,6 +15,12 @@ final class InodeState: @unchecked Sendable {
     var deleted = false
     /// Changes to this file were lost when the store rolled back (disk full): the next fsync says so.
     var writeError: FSError?
+    /// A write past the stored end was refused for want of room (ENOSPC) at this offset. While the disk stays
+    /// low, later writes that start past the stored end are refused too: the kernel's writeback sends a file's
+    /// pages in any order after write(2) returned, and a later page that still fit would grow the file over
+    /// the refused ones, leaving zeros where the program wrote data. The file stays a prefix instead, as on a
+    /// local disk, which refuses the write(2) itself.
+    var refusedFrom: UInt64?
     /// Unlinked while the kernel still holds it (it may be open): listed in the store's orphans until its forget.
     var orphaned = false
     /// Serializes content changes; reads share it. Striped (one of a fixed set by inode number)

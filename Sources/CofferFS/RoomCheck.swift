@@ -38,6 +38,20 @@ extension CofferFileSystem {
         if !hasRoom(for: count) { throw .noSpace }
     }
 
+    /// `checkRoom(for:)` for a write of `count` bytes at `offset` of `s`, keeping the file a prefix of what was
+    /// written once a write past its stored end was refused (`InodeState.refusedFrom`).
+    func checkRoom(for count: Int, writing s: InodeState, at offset: UInt64) throws(FSError) {
+        let (end, refused) = meta.withLock { (s.record.size, s.refusedFrom) }
+        if refused != nil, offset > end {
+            if store.isLowOnSpace() { throw .noSpace }
+            meta.withLock { s.refusedFrom = nil }
+        }
+        do { try checkRoom(for: count) } catch {
+            if offset + UInt64(count) > end { meta.withLock { s.refusedFrom = min(s.refusedFrom ?? offset, offset) } }
+            throw error
+        }
+    }
+
     /// Refuses (ENOSPC) an allocation of `bytes` past a file's end that the disk cannot hold now, looking
     /// at the disk every time: one fallocate can ask for more than all the writes between two checks.
     func checkRoom(allocating bytes: UInt64) throws(FSError) {

@@ -30,6 +30,8 @@ final class FUSEContext: @unchecked Sendable {
     let countsActivity: Bool
     /// Requests answered so far, statfs aside (`LowLevelOps.serve`); read by `FUSEMount`'s idle watcher.
     let activity = Atomic<UInt64>(0)
+    /// This process: its own requests (the watchdog's checks) are not use.
+    let ownPid = getpid()
     private let shutdownDone = Atomic<Bool>(false)
     /// The io_uring entries, once the kernel agreed to them in INIT (FUSERing); nil: all through /dev/fuse.
     private let ringSlot = Mutex<FUSERing?>(nil)

@@ -17,15 +17,15 @@ public final class FUSEMount: @unchecked Sendable {
     /// The mountpoint as an absolute, resolved path.
     public let mountpoint: String
     private let options: FUSEMountOptions
-    private let logger: Logger
+    let logger: Logger
 
-    private enum Phase { case idle, starting, running, finished }
+    enum Phase { case idle, starting, running, finished }
     /// How far a stop signal's unmount went: `unmounting` (flushing, then unmounting), `detached` (lazily: programs
     /// still use the mount), `unmounted` (the kernel ends the connection once nothing holds the mount).
-    private enum Stop { case none, unmounting, detached, unmounted }
+    enum Stop { case none, unmounting, detached, unmounted }
     /// The session pointer, shared with requestExit and the watcher only under `state`'s lock.
-    private struct SessionRef: @unchecked Sendable { let pointer: OpaquePointer }
-    private struct State {
+    struct SessionRef: @unchecked Sendable { let pointer: OpaquePointer }
+    struct State {
         var phase: Phase = .idle
         var session: SessionRef?
         var exitRequested = false
@@ -34,9 +34,17 @@ public final class FUSEMount: @unchecked Sendable {
         var loopThread: pthread_t?
         /// A second stop signal ended the loop while programs still used the mount.
         var endedInUse = false
+        /// Why the session ended on its own (`fail`): a failure of the FUSE transport.
         var failure: String?
+        /// The mount's device, once a stat of the mountpoint reached this session (the idle watcher's check that
+        /// the path still leads here).
+        var device: UInt?
+        /// The idle watcher is trying an unmount (`FUSEMount+Idle`): a stop signal waits for it; `idleUnmounted`:
+        /// it succeeded, and the loop ends as on fusermount3 -u.
+        var idleProbe = false
+        var idleUnmounted = false
     }
-    private let state = Mutex(State())
+    let state = Mutex(State())
 
     /// libfuse's signal handlers point at one global session: only one mount per process installs them.
     private static let signalHandlerOwner = Mutex<ObjectIdentifier?>(nil)
@@ -91,7 +99,7 @@ public final class FUSEMount: @unchecked Sendable {
     public var endedWhileInUse: Bool { state.withLock { $0.endedInUse } }
 
     /// True once a stop signal has been received: the mount is being unmounted (or detached, waiting for its users).
-    public var isStopping: Bool { state.withLock { $0.stop != .none || $0.exitRequested } }
+    public var isStopping: Bool { state.withLock { $0.stop != .none || $0.exitRequested || $0.failure != nil } }
 
     /// Why the session ended on its own (a failure of the FUSE transport, not an unmount or a signal), if it did.
     public var failure: String? { state.withLock { $0.failure } }
@@ -374,6 +382,7 @@ public final class FUSEMount: @unchecked Sendable {
                 if stat(path, &st) == 0 {
                     if deviceBefore == nil || st.st_dev != deviceBefore {
                         ready = true
+                        state.withLock { $0.device = st.st_dev }
                         if context.writebackGranted.load(ordering: .acquiring) {
                             WritebackLimits.relax(device: st.st_dev, logger: log)
                         }
@@ -409,7 +418,7 @@ public final class FUSEMount: @unchecked Sendable {
         }
     }
 
-    private var isRunning: Bool { state.withLock { $0.phase == .running } }
+    var isRunning: Bool { state.withLock { $0.phase == .running } }
 
     /// Reads the stop signals' pipe until `run` closes its other end. The first signal unmounts, on a thread of
     /// its own (flushing can take long); the same signal again ends the loop at once, as libfuse's handler did.
@@ -450,6 +459,13 @@ public final class FUSEMount: @unchecked Sendable {
             requestExit()
             return
         }
+        // An idle unmount being tried finishes first (a moment: one umount2 or fusermount3); if it unmounted, the
+        // loop is ending as on fusermount3 -u and there is nothing left to do.
+        while state.withLock({ $0.idleProbe }) { usleep(1_000) }
+        if state.withLock({ $0.idleUnmounted }) {
+            logger.info("\(name): \(mountpoint) is already unmounted (idle)")
+            return
+        }
         logger.info("\(name): unmounting \(mountpoint) (the kernel's cached writes are written first)")
         let fd = open(mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if fd < 0 || coffer_syncfs(fd) != 0 {
@@ -481,48 +497,6 @@ public final class FUSEMount: @unchecked Sendable {
         }
     }
 
-    /// `-o idle=`: unmounts once no request but statfs has come for `idle` (as gocryptfs's -idle and CryFS's
-    /// --unmount-idle), by a normal unmount only, which the kernel refuses while the mount is in use (an open
-    /// file, a working directory inside): then it stays, and is tried again at each look while still idle.
-    /// The kernel writes its cached pages through the running loop as it unmounts. Looks every tenth of `idle`
-    /// (between 1 s and 1 min).
-    private func startIdleWatcher(_ idle: Duration, context: FUSEContext) {
-        let look = min(max(idle / 10, .seconds(1)), .seconds(60))
-        Thread.detachNewThread { [self] in
-            var seen = context.activity.load(ordering: .relaxed)
-            var since = ContinuousClock.now
-            var toldInUse = false
-            while isRunning {
-                Thread.sleep(forTimeInterval: Double(look.components.seconds) + Double(look.components.attoseconds) / 1e18)
-                let now = context.activity.load(ordering: .relaxed)
-                if now != seen {
-                    (seen, since, toldInUse) = (now, .now, false)
-                    continue
-                }
-                guard ContinuousClock.now - since >= idle else { continue }
-                let claimed = state.withLock { s -> Bool in
-                    guard s.phase == .running, !s.exitRequested, s.stop == .none else { return false }
-                    s.stop = .unmounting
-                    return true
-                }
-                guard claimed else { return }
-                let result = Self.unmount(mountpoint, lazy: false)
-                state.withLock { s in if s.stop == .unmounting { s.stop = result == .done ? .unmounted : .none } }
-                switch result {
-                case .done:
-                    logger.notice("no use for \(idle.components.seconds) s (idle=): unmounting \(mountpoint)")
-                    return
-                case .busy:
-                    if !toldInUse { logger.info("idle for \(idle.components.seconds) s, but \(mountpoint) is in use: it stays mounted") }
-                    toldInUse = true
-                case .failed(let why):
-                    logger.warning("idle for \(idle.components.seconds) s, but \(mountpoint) could not be unmounted: \(why)")
-                    since = .now
-                }
-            }
-        }
-    }
-
     /// The same stop signal again: the loop ends now, and any program still using the mount loses what the kernel
     /// had not handed over yet (said in the log, and by `endedWhileInUse`).
     private func endOnRepeatedSignal(_ sig: Int32) {
@@ -540,7 +514,7 @@ public final class FUSEMount: @unchecked Sendable {
         requestExit()
     }
 
-    private enum UnmountResult: CustomStringConvertible, Equatable {
+    enum UnmountResult: CustomStringConvertible, Equatable {
         case done, busy
         case failed(String)
         var description: String {
@@ -553,7 +527,7 @@ public final class FUSEMount: @unchecked Sendable {
     }
 
     /// Unmounts `path` as `coffer unmount [--lazy]` does: umount2 as root, else fusermount3 -u [-z].
-    private static func unmount(_ path: String, lazy: Bool) -> UnmountResult {
+    static func unmount(_ path: String, lazy: Bool) -> UnmountResult {
         if geteuid() == 0 {
             if umount2(path, (lazy ? Int32(MNT_DETACH) : 0) | Int32(UMOUNT_NOFOLLOW)) == 0 { return .done }
             let err = errno

@@ -34,7 +34,8 @@ extension LowLevelOps {
     }
 
     static func getattr(_ req: fuse_req_t?, _ ino: fuse_ino_t) {
-        serve(req) { ctx throws(FSError) in
+        // The root's attributes are what `df MOUNT` and a stat of the mountpoint ask: not use (`-o idle=`).
+        serve(req, use: ino != fuse_ino_t(FUSE_ROOT_ID)) { ctx throws(FSError) in
             var st = try ctx.fs.getattr(ino).statValue
             fuse_reply_attr(req, &st, ctx.timeouts.attributes)
         }

@@ -61,7 +61,8 @@ enum LowLevelOps {
 
     /// Runs one request: `body` gets the mount's context and sends the reply when it succeeds; an error it
     /// throws is the reply (EIO when the request has no context). Every op that answers goes through here,
-    /// and counts as use of the mount (`-o idle=`) unless `use` is false (statfs: a panel's `df` is not use).
+    /// and counts as use of the mount (`-o idle=`) unless `use` is false (what `df MOUNT` asks: statfs and the
+    /// root's attributes) or the daemon itself asked (its watchdog's stat and statvfs).
     @inline(__always)
     static func serve(_ req: fuse_req_t?, use: Bool = true, _ body: (FUSEContext) throws(FSError) -> Void) {
         guard let req, let raw = fuse_req_userdata(req) else {
@@ -69,7 +70,7 @@ enum LowLevelOps {
             return
         }
         let ctx = Unmanaged<FUSEContext>.fromOpaque(raw).takeUnretainedValue()
-        if use && ctx.countsActivity { ctx.activity.add(1, ordering: .relaxed) }
+        if use && ctx.countsActivity && fuse_req_ctx(req)?.pointee.pid != ctx.ownPid { ctx.activity.add(1, ordering: .relaxed) }
         do { try body(ctx) } catch { fuse_reply_err(req, error.errno > 0 ? error.errno : EIO) }
     }
 

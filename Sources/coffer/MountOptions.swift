@@ -73,7 +73,7 @@ struct MountOptionSet {
         (["max_threads=N"], "worker threads, 1 to 256 (default: one more than cores)"),
         (
             ["idle=TIME"],
-            "unmount by itself once nothing but statfs has used the mount for TIME (seconds, or with s, m, h: idle=10m; 1 s to 7 days; 0: never); a mount in use (an open file, a working directory inside) stays"
+            "unmount by itself once nothing has used the mount for TIME (seconds, or with s, m, h: idle=10m; 1 s to 7 days; 0: never); df and a stat of the mountpoint are not use; a mount in use (an open file, a working directory inside) stays"
         ),
         (
             ["commit=SECONDS"],

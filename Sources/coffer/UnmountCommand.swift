@@ -1,4 +1,5 @@
 import ArgumentParser
+import CofferFUSE
 import CofferStore
 import Foundation
 import Glibc
@@ -167,19 +168,5 @@ enum MountTable {
     }
 
     /// /proc/mounts escapes space, tab, newline and backslash as octal.
-    static func unescape(_ s: String) -> String {
-        var out = [UInt8](), bytes = Array(s.utf8), i = 0
-        while i < bytes.count {
-            if bytes[i] == UInt8(ascii: "\\"), i + 3 < bytes.count,
-                let v = UInt8(String(decoding: bytes[i + 1...i + 3], as: UTF8.self), radix: 8)
-            {
-                out.append(v)
-                i += 4
-            } else {
-                out.append(bytes[i])
-                i += 1
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
+    static func unescape(_ s: String) -> String { MountInfo.unescape(s) }
 }

@@ -1,3 +1,4 @@
+import CofferFUSE
 import CofferTestSupport
 import Foundation
 import Testing
@@ -257,21 +258,7 @@ enum E2E {
 
     static func isMounted(_ path: String) -> Bool { mountEntry(at: path) != nil }
 
-    static func unescape(_ s: String) -> String {
-        var out = [UInt8](), bytes = Array(s.utf8), i = 0
-        while i < bytes.count {
-            if bytes[i] == UInt8(ascii: "\\"), i + 3 < bytes.count,
-                let v = UInt8(String(decoding: bytes[i + 1...i + 3], as: UTF8.self), radix: 8)
-            {
-                out.append(v)
-                i += 4
-            } else {
-                out.append(bytes[i])
-                i += 1
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
+    static func unescape(_ s: String) -> String { MountInfo.unescape(s) }
 
     /// The device of `path` (stat), nil when stat fails.
     static func device(_ path: String) -> UInt64? {

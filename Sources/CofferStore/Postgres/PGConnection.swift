@@ -56,9 +56,10 @@ public final class PGConnection: @unchecked Sendable {
         }
         guard let c else { throw PGError(.connection, "out of memory") }
         guard PQstatus(c) == CONNECTION_OK else {
-            let message = errorMessage(c)
+            var error = PGError(.connection, errorMessage(c))
+            error.loginRefused = PQconnectionNeedsPassword(c) != 0 || PQconnectionUsedPassword(c) != 0
             PQfinish(c)
-            throw PGError(.connection, message)
+            throw error
         }
         PQsetNoticeProcessor(c, { _, _ in }, nil)  // NOTICEs would go to the daemon's stderr
         handle = c

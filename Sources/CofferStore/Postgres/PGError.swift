@@ -38,6 +38,10 @@ public struct PGError: Error, Equatable, Sendable, CustomStringConvertible {
     public let kind: Kind
     public let sqlState: SQLState?
     public let message: String
+    /// A `.connection` failure where the server answered and refused this login: it asked for a password and
+    /// none was found, or the one given did not open the session (wrong password, or no such database after
+    /// it). Waiting for the server changes nothing there.
+    public var loginRefused = false
 
     public init(_ kind: Kind, _ message: String, sqlState: SQLState? = nil) {
         self.kind = kind

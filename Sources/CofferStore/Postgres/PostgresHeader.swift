@@ -40,7 +40,8 @@ enum PostgresHeader {
 
     private static func containerError(_ error: any Error, _ location: PostgresLocation) -> ContainerError {
         if let e = error as? ContainerError { return e }
-        if let e = error as? PGError, e.isConnectionLoss { return .unreachable(location.display, e.message) }
+        // A server away is worth waiting for (status 19, retried by the user unit); a refused login is not.
+        if let e = error as? PGError, e.isConnectionLoss, !e.loginRefused { return .unreachable(location.display, e.message) }
         return .unreadable(location.display, "\(error)")  // PGError: passwords already cut out
     }
 }
