@@ -29,8 +29,9 @@ extension CofferFileSystem {
                 s.record.gid = gid
                 changed = true
             }
-            if (changes.uid != nil || changes.gid != nil) && !s.isDirectory {
-                // chown clears setuid, and setgid when group-executable (as chown(2) on Linux).
+            if (changes.uid != nil || changes.gid != nil || changes.isOwnerlessChown) && !s.isDirectory {
+                // chown clears setuid, and setgid when group-executable (as chown(2) on Linux, even to -1, -1).
+                if s.record.mode & UInt32(S_ISUID | S_ISGID) != 0 { changed = true }
                 s.record.mode &= ~UInt32(S_ISUID)
                 if s.record.mode & UInt32(S_IXGRP) != 0 { s.record.mode &= ~UInt32(S_ISGID) }
             }

@@ -260,6 +260,12 @@ struct PosixTests {
             #expect(chmod(f, 0o4755) == 0)
             #expect(chown(f, 1234, 5678) == 0, "chown as root: \(errno)")
             #expect(E2E.statOf(f).map { $0.st_mode & 0o7777 } == 0o755, "chown did not clear set-user-ID")
+            // Also when it changes no owner (chown(f, -1, -1)), and set-group-ID with group-execute (a tester's find).
+            #expect(chmod(f, 0o6755) == 0)
+            #expect(chown(f, uid_t.max, gid_t.max) == 0, "chown(-1, -1): \(errno)")
+            #expect(E2E.statOf(f).map { $0.st_mode & 0o7777 } == 0o755, "chown(-1, -1) did not clear the set-id bits")
+            #expect(chmod(f, 0o2745) == 0 && chown(f, uid_t.max, gid_t.max) == 0)
+            #expect(E2E.statOf(f).map { $0.st_mode & 0o7777 } == 0o2745, "set-group-ID without group-execute is kept")
         }
         #expect(chmod(f, 0o4751) == 0)
         let t = E2E.run("/usr/bin/touch", ["-d", "2001-02-03 04:05:06.123456789 +0000", f])
