@@ -28,7 +28,7 @@ final class FUSEContext: @unchecked Sendable {
     let lockWaiters = LockWaiters()
     /// Whether requests are counted in `activity` (only when a mount unmounts itself when idle: `-o idle=`).
     let countsActivity: Bool
-    /// Requests answered so far, statfs aside (`LowLevelOps.serve`); read by `FUSEMount`'s idle watcher.
+    /// Requests that were use, answered so far (`LowLevelOps.serve`); read by `FUSEMount`'s idle watcher.
     let activity = Atomic<UInt64>(0)
     /// This process: its own requests (the watchdog's checks) are not use.
     let ownPid = getpid()

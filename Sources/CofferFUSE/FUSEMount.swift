@@ -98,7 +98,8 @@ public final class FUSEMount: @unchecked Sendable {
     /// had written but the kernel had not yet handed over may be lost.
     public var endedWhileInUse: Bool { state.withLock { $0.endedInUse } }
 
-    /// True once a stop signal has been received: the mount is being unmounted (or detached, waiting for its users).
+    /// True once a stop signal has been received (the mount is being unmounted, or detached, waiting for its users)
+    /// or the session is ending on a failure of its own (`fail`: flushing first).
     public var isStopping: Bool { state.withLock { $0.stop != .none || $0.exitRequested || $0.failure != nil } }
 
     /// Why the session ended on its own (a failure of the FUSE transport, not an unmount or a signal), if it did.

@@ -28,7 +28,7 @@ public struct FUSEMountOptions: Sendable {
     public var killPrivV2 = true
     /// Take requests through io_uring when the kernel offers it (FUSERing); false keeps /dev/fuse.
     public var ioUring = true
-    /// Unmount once no request but statfs has come for this long, if nothing uses the mount (`-o idle=`).
+    /// Unmount once nothing has used the mount for this long, if nothing holds it (`-o idle=`, `FUSEMount+Idle`).
     public var idleUnmount: Duration?
     /// Applied in init (conn->max_write); clamped to 4 KiB ... 1 MiB.
     public var maxWrite: UInt32 = 1 << 20

@@ -4,8 +4,8 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
     case notFound(String)
     case notADirectory(String)
     case unreadable(String, String)
-    /// A container in PostgreSQL whose server refused or could not take the connection (down, unreachable,
-    /// authentication): not a missing container, and worth trying again.
+    /// A container in PostgreSQL whose server cannot be reached (down, unreachable, not taking connections):
+    /// not a missing container, and worth trying again. A login the server refuses is `.unreadable`.
     case unreachable(String, String)
     case notAContainer(String)
     case alreadyExists(String)
