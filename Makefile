@@ -59,12 +59,13 @@ test: test-deps
 		COFFER_FUZZ_SEED=$${COFFER_PG_FUZZ_SEEDS:-1-20} \
 		$(SWIFT) test --skip-build --filter 'CofferCLITests\.(PosixTests|ModelTests|WorkloadTests|CrashTests|IntegrityTests|HostileContainerTests)'
 	# The mount suites again with FUSE over io_uring offered by the kernel (the fuse module's enable_uring, put
-	# back afterwards), on SQLite, and the locks shared by PostgreSQL mounts (replies from another thread).
+	# back afterwards), on SQLite, the in-process mounts of CofferFUSETests (requestExit from a thread that blocks
+	# signals), and the locks shared by PostgreSQL mounts (replies from another thread).
 	@knob=/sys/module/fuse/parameters/enable_uring; if [ ! -w $$knob ]; then \
 		echo "SKIPPED: the io_uring phase: $$knob is missing or not writable (kernel before 6.14, or not root)"; exit 0; fi; \
 	before=$$(cat $$knob); echo Y > $$knob; trap 'echo '$$before' > '$$knob EXIT; \
 	COFFER_MODEL_SEEDS=$${COFFER_URING_MODEL_SEEDS:-10} $(SWIFT) test --skip-build \
-		--filter 'CofferCLITests\.(IoUringMountTests|PosixTests|ModelTests|WorkloadTests|RandomReadMountTests|FallocateMountTests|MountTests)' && \
+		--filter 'CofferFUSETests|CofferCLITests\.(IoUringMountTests|PosixTests|ModelTests|WorkloadTests|RandomReadMountTests|FallocateMountTests|MountTests)' && \
 	COFFER_TEST_ENGINE=postgres $(SWIFT) test --skip-build --filter 'CofferCLITests\.SharedLocksTests'
 
 # The code's layout, checked by the toolchain's swift-format with .swift-format (4 spaces, 150 columns,

@@ -43,6 +43,8 @@ public final class FUSEMount: @unchecked Sendable {
         /// it succeeded, and the loop ends as on fusermount3 -u.
         var idleProbe = false
         var idleUnmounted = false
+        /// How the loop's workers wait for requests, while it runs (`requestExit` interrupts their waits).
+        var reader: RequestReader?
     }
     let state = Mutex(State())
 
@@ -143,6 +145,8 @@ public final class FUSEMount: @unchecked Sendable {
             s.exitRequested = true
             if s.phase == .running, let se = s.session {
                 fuse_session_exit(se.pointer)
+                // The workers waiting on /dev/fuse end at once (with io_uring no request would reach them).
+                s.reader?.interrupt()
                 return true
             }
             return false
@@ -187,6 +191,7 @@ public final class FUSEMount: @unchecked Sendable {
             state.withLock {
                 $0.phase = .finished
                 $0.session = nil
+                $0.reader = nil
             }
         }
 
@@ -320,8 +325,12 @@ public final class FUSEMount: @unchecked Sendable {
         state.withLock { s in
             s.session = SessionRef(pointer: se)
             s.loopThread = pthread_self()
+            s.reader = ctx.reader
             s.phase = .running
-            if s.exitRequested { fuse_session_exit(se) }
+            if s.exitRequested {
+                fuse_session_exit(se)
+                ctx.reader.interrupt()
+            }
         }
         logger.info(
             "Mounted \(options.fsName) at \(mountpoint)",
@@ -359,6 +368,7 @@ public final class FUSEMount: @unchecked Sendable {
         state.withLock {
             $0.phase = .finished
             $0.session = nil
+            $0.reader = nil
         }
         onStopping?()
         if result < 0 {

@@ -47,24 +47,53 @@ final class RequestReader: Sendable {
     private let gap = Atomic<Int64>(0)
     /// An eventfd (semaphore mode, non-blocking) that parked workers poll.
     private let wake: Int32
+    /// Set by `interrupt`: every read returns EINTR from then on, so libfuse's workers look at the session's
+    /// exit flag and end. `interrupted` is an eventfd every waiting worker polls as well (it stays readable).
+    private let stopped = Atomic<Bool>(false)
+    private let interrupted: Int32
 
     init(spinning: Bool = sysconf(Int32(_SC_NPROCESSORS_ONLN)) > 1) {
         let (seconds, attoseconds) = Self.spin.components
         spinNanoseconds = spinning ? seconds * 1_000_000_000 + attoseconds / 1_000_000_000 : 0
         wake = eventfd(0, Int32(EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC))
+        interrupted = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
     }
 
-    deinit { if wake >= 0 { close(wake) } }
+    deinit {
+        if wake >= 0 { close(wake) }
+        if interrupted >= 0 { close(interrupted) }
+    }
+
+    /// Wakes every worker waiting for a request and makes each read return EINTR from now on, so that libfuse's
+    /// loop sees the session's exit flag (`FUSEMount.requestExit`). With FUSE over io_uring no request reaches
+    /// /dev/fuse to wake them, and a signal to the loop's thread does not arrive where the caller's thread
+    /// blocks signals (a dispatch queue's thread does).
+    func interrupt() {
+        stopped.store(true, ordering: .releasing)
+        var one: UInt64 = 1
+        if interrupted >= 0 { _ = Glibc.write(interrupted, &one, 8) }
+    }
+
+    /// Polls `fd` and the interrupt eventfd; false once interrupted, or when a signal cut the wait short.
+    private func waitFor(_ fd: Int32, timeout: Int32) -> Bool {
+        var p = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0), pollfd(fd: interrupted, events: Int16(POLLIN), revents: 0)]
+        if poll(&p, interrupted >= 0 ? 2 : 1, timeout) < 0 && errno == EINTR { return false }
+        return !stopped.load(ordering: .acquiring)
+    }
 
     /// One request into `buf`, as read(2) returns it. Blocks until one comes (or the device fails).
     func read(_ fd: Int32, _ buf: UnsafeMutableRawPointer?, _ len: Int) -> Int {
         Self.nameWorkerThread()
-        guard spinNanoseconds > 0, wake >= 0 else { return Glibc.read(fd, buf, len) }
+        guard spinNanoseconds > 0, wake >= 0 else {
+            guard waitFor(fd, timeout: -1) else { return Self.interruptedRead() }
+            return Glibc.read(fd, buf, len)
+        }
         if !madeNonBlocking.load(ordering: .relaxed) {
             _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
             madeNonBlocking.store(true, ordering: .relaxed)
         }
         while true {
+            if stopped.load(ordering: .acquiring) { return Self.interruptedRead() }
             let n: Int, error: Int32
             if place.compareExchange(
                 expected: Place.free.rawValue, desired: Place.spinning.rawValue,
@@ -126,8 +155,7 @@ final class RequestReader: Sendable {
                 slept = true
                 place.store(Place.sleeping.rawValue, ordering: .releasing)
             }
-            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            if poll(&p, 1, -1) < 0 && errno == EINTR { return (-1, EINTR) }
+            if !waitFor(fd, timeout: -1) { return (-1, EINTR) }
         }
     }
 
@@ -136,8 +164,7 @@ final class RequestReader: Sendable {
         parked.add(1, ordering: .acquiringAndReleasing)
         defer { parked.subtract(1, ordering: .acquiringAndReleasing) }
         let idle = place.load(ordering: .acquiring) == Place.sleeping.rawValue
-        var p = pollfd(fd: wake, events: Int16(POLLIN), revents: 0)
-        if poll(&p, 1, idle ? Self.idleLook : Self.busyLook) > 0 {
+        if waitFor(wake, timeout: idle ? Self.idleLook : Self.busyLook) {
             var token: UInt64 = 0
             _ = Glibc.read(wake, &token, 8)  // one token each (EFD_SEMAPHORE); EAGAIN if another took it
         }
@@ -161,6 +188,11 @@ final class RequestReader: Sendable {
     private static func pending(_ fd: Int32) -> Bool {
         var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         return poll(&p, 1, 0) > 0
+    }
+
+    private static func interruptedRead() -> Int {
+        errno = EINTR
+        return -1
     }
 
     private static func now() -> Int64 {

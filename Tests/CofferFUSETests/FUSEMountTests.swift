@@ -575,7 +575,14 @@ struct FUSEMountTests {
     func maxThreadsBoundsConcurrency(limit: UInt32) throws {
         #expect(FUSEMountOptions.defaultMaxThreads == UInt32(sysconf(Int32(_SC_NPROCESSORS_ONLN))) + 1)
         let fs = MemoryFileSystem(statfsPauseMicroseconds: 200_000)
-        try withMount(fs: fs, configure: { $0.maxThreads = limit }) { m in
+        // /dev/fuse's workers only: ring entries (when the kernel offers io_uring) are not bounded by max_threads.
+        try withMount(
+            fs: fs,
+            configure: {
+                $0.maxThreads = limit
+                $0.ioUring = false
+            }
+        ) { m in
             // Eight callers at once; the filesystem holds each statfs for 0.2 s.
             let done = DispatchGroup()
             for _ in 0..<8 {
@@ -594,7 +601,7 @@ struct FUSEMountTests {
     @Test("a long request does not hold up another caller's request (the reader hands its place on)")
     func longRequestDoesNotHoldUpOthers() throws {
         let fs = MemoryFileSystem(statfsPauseMicroseconds: 3_000_000)
-        try withMount(fs: fs) { m in
+        try withMount(fs: fs, configure: { $0.ioUring = false }) { m in  // the /dev/fuse reader's hand-over
             try writeFile(m.path("f"), [1])
             let done = DispatchSemaphore(value: 0)
             Thread {
@@ -617,7 +624,7 @@ struct FUSEMountTests {
 
     @Test("an idle mount uses no CPU (the reader sleeps once its spin is over)")
     func idleMountSleeps() throws {
-        try withMount { m in
+        try withMount(configure: { $0.ioUring = false }) { m in  // the /dev/fuse reader's sleep
             for i in 0..<200 { try writeFile(m.path("f\(i % 10)"), [UInt8(i % 256)]) }
             usleep(100_000)
             // Only the mount's worker threads count: other suites run in this process at the same time.
