@@ -84,8 +84,8 @@ struct PostgresContainerTests {
         }
         #expect(shown == p.display && why.contains(p.container))
         let nowhere = try PostgresLocation(uri: "postgresql://nobody:hunter2secret@127.0.0.1:1/db?connect_timeout=2")
-        guard case .unreadable(_, let message)? = containerError({ _ = try Container.open(.postgres(nowhere)) }) else {
-            Issue.record("no server must be unreadable")
+        guard case .unreachable(_, let message)? = containerError({ _ = try Container.open(.postgres(nowhere)) }) else {
+            Issue.record("no server must be unreachable (not a missing container)")
             return
         }
         #expect(!message.contains("hunter2secret"), "\(message)")
