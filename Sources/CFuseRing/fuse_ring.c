@@ -84,8 +84,9 @@ struct coffer_ring {
     _Atomic int failure;  // the first error an entry's command ended with (not ENOTCONN)
     _Atomic int spinner;  // an entry is spinning for the next request (spin_for_next)
     int64_t spin_ns;
-    /// Test switch (COFFER_TEST_RING_FAIL_AFTER=N): the entry that takes the Nth request ends with EIO instead
-    /// of handling it, keeping that request unanswered (its caller waits until the connection ends); 0: never.
+    /// Test switch (COFFER_TEST_RING_FAIL_AFTER=N): the entry that takes the Nth request handles it, then ends with
+    /// EIO instead of committing the reply, as when the kernel refuses a commit: the work is done (a WRITE's bytes
+    /// are stored) but its caller waits until the connection ends; 0: never.
     uint64_t fail_after;
     struct entry entries[];
 };
@@ -245,10 +246,7 @@ static void *entry_thread(void *arg) {
             entry_failed(e, res, e->last_cmd == CMD_REGISTER);
             break;
         }
-        if (atomic_fetch_add(&ring->requests, 1) + 1 == ring->fail_after) {
-            entry_failed(e, -EIO, 0);
-            break;
-        }
+        int failing = atomic_fetch_add(&ring->requests, 1) + 1 == ring->fail_after;
         e->commit_id = e->header->ent.commit_id;
         uint64_t unique;
         memcpy(&unique, e->header->in_out + 8, 8);
@@ -262,6 +260,10 @@ static void *entry_thread(void *arg) {
         else ring->handler(ring->context, request, length);
         e->in_handler = 0;
         hot = 1;
+        if (failing) {
+            entry_failed(e, -EIO, 0);
+            break;
+        }
         if (e->commit_due) {
             e->commit_due = 0;
             r = submit(e, CMD_COMMIT_AND_FETCH);
