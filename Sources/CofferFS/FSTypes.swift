@@ -108,12 +108,12 @@ public struct AttributeChanges: Sendable {
     /// Also clear set-user-ID, and set-group-ID when group-executable, after the other changes (the kernel asks
     /// for it on truncate by a caller without CAP_FSETID and on chown; see `FileSystemOperations.clearSetID`).
     public var clearSetID = false
-    /// A change of the ctime alone: what the kernel sends for chown(f, -1, -1), which changes no owner but
-    /// still clears set-user-ID (and set-group-ID when group-executable) on Linux; with
-    /// FUSE_HANDLE_KILLPRIV_V2 the kernel leaves that to the filesystem. (Its own time updates under the
-    /// writeback cache always carry the mtime too.)
+    /// A change of the ctime alone (under the writeback cache) or of nothing (without it): what the kernel sends
+    /// for chown(f, -1, -1), which changes no owner but still clears set-user-ID (and set-group-ID when
+    /// group-executable) on Linux; with FUSE_HANDLE_KILLPRIV_V2 the kernel leaves that to the filesystem. (Its
+    /// own time updates under the writeback cache always carry the mtime too.)
     public var isOwnerlessChown: Bool {
-        ctime != nil && mode == nil && uid == nil && gid == nil && size == nil && atime == nil && mtime == nil && !clearSetID
+        mode == nil && uid == nil && gid == nil && size == nil && atime == nil && mtime == nil && !clearSetID
     }
     public init(
         mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: UInt64? = nil,
