@@ -259,8 +259,7 @@ extension CofferFileSystem {
                 let start = offset
                 let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
                 guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
-                // Checked again here: a write past the end that passed the room check while another was refused.
-                if s.refusedFrom != nil && start > s.record.size { throw .noSpace }
+                if refusesGap(s, at: start) { throw .noSpace }
                 // A map lists at most `ChunkMapRoot.maxPages` pages: one that needed more would leave an inode
                 // that no read accepts (a file of 32 TiB at 32 KiB chunks, 4 TiB at 4 KiB, or one that sparse).
                 guard s.chunkMap.fits(start / UInt64(chunkSize), (end - 1) / UInt64(chunkSize), tail: s.tail?.index) else {

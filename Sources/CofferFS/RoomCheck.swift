@@ -38,18 +38,23 @@ extension CofferFileSystem {
         if !hasRoom(for: count) { throw .noSpace }
     }
 
-    /// `checkRoom(for:)` for a write of `count` bytes at `offset` of `s`, keeping the file a prefix of what was
-    /// written once a write past its stored end was refused (`InodeState.refusedFrom`).
+    /// `checkRoom(for:)` for a write of `count` bytes at `offset` of `s`; a refused write past the file's stored
+    /// end marks it (`InodeState.refusedFrom`, which `refusesGap` then reads under the content lock).
     func checkRoom(for count: Int, writing s: InodeState, at offset: UInt64) throws(FSError) {
-        let (end, refused) = meta.withLock { (s.record.size, s.refusedFrom) }
-        if refused != nil, offset > end {
-            if store.isLowOnSpace() { throw .noSpace }
-            meta.withLock { s.refusedFrom = nil }
-        }
         do { try checkRoom(for: count) } catch {
-            if offset + UInt64(count) > end { meta.withLock { s.refusedFrom = min(s.refusedFrom ?? offset, offset) } }
+            meta.withLock { if offset + UInt64(count) > s.record.size { s.refusedFrom = min(s.refusedFrom ?? offset, offset) } }
             throw error
         }
+    }
+
+    /// Whether a write starting at `start` must be refused to keep `s` a prefix of what was written: one past
+    /// its stored end was refused for room, and the disk still looked low at the last look; once it does not,
+    /// the mark goes. Call under `meta`.
+    func refusesGap(_ s: InodeState, at start: UInt64) -> Bool {
+        guard s.refusedFrom != nil, start > s.record.size else { return false }
+        if roomCheck.withLock({ $0.low }) { return true }
+        s.refusedFrom = nil
+        return false
     }
 
     /// Refuses (ENOSPC) an allocation of `bytes` past a file's end that the disk cannot hold now, looking

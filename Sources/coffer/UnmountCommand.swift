@@ -153,7 +153,8 @@ enum MountTable {
             let f = line.split(separator: " ")
             guard f.count >= 3 else { return nil }
             let owner = f.count > 3 ? f[3].split(separator: ",").first { $0.hasPrefix("user_id=") }.flatMap { uid_t($0.dropFirst(8)) } : nil
-            return Entry(source: unescape(String(f[0])), mountpoint: unescape(String(f[1])), type: String(f[2]), owner: owner)
+            return Entry(
+                source: MountInfo.unescape(String(f[0])), mountpoint: MountInfo.unescape(String(f[1])), type: String(f[2]), owner: owner)
         }
     }
 
@@ -166,7 +167,4 @@ enum MountTable {
     static func entries(source: String) -> [Entry] {
         entries().filter { $0.source == source && $0.type.hasPrefix("fuse") }
     }
-
-    /// /proc/mounts escapes space, tab, newline and backslash as octal.
-    static func unescape(_ s: String) -> String { MountInfo.unescape(s) }
 }

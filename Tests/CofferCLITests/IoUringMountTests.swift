@@ -56,9 +56,8 @@ struct IoUringMountTests {
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
         try Self.withRingsOffered {
-            let daemon = try Child(E2E.coffer, ["mount", "-f", "--log-level", "info", sb.container, sb.mnt, "--passfile", sb.passfile])
+            let daemon = try sb.foregroundMount(logLevel: "info")
             defer { daemon.stop() }
-            try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
             let python = try #require(E2E.python, "python3 is needed for the workload")
             let r = E2E.run(python, ["-c", Self.workload, sb.mnt], timeout: 120)
             #expect(r.ok && r.stdout.contains("ok"), "\(r)")
@@ -85,11 +84,8 @@ struct IoUringMountTests {
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
         try Self.withRingsOffered {
-            let daemon = try Child(
-                "/usr/bin/env",
-                ["COFFER_TEST_RING_PAYLOAD=4096", E2E.coffer, "mount", "-f", "--log-level", "info", sb.container, sb.mnt, "--passfile", sb.passfile])
+            let daemon = try sb.foregroundMount(logLevel: "info", environment: ["COFFER_TEST_RING_PAYLOAD=4096"])
             defer { daemon.stop() }
-            try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
             try E2E.write(sb.mnt + "/f", "through /dev/fuse after all")
             #expect(E2E.readText(sb.mnt + "/f") == "through /dev/fuse after all")
             #expect(sb.unmount().ok)
@@ -113,11 +109,8 @@ struct IoUringMountTests {
         let data = E2E.randomBytes(3_000_000)
         try E2E.write(sb.root + "/src", data)
         try Self.withRingsOffered {
-            let daemon = try Child(
-                "/usr/bin/env",
-                ["COFFER_TEST_RING_FAIL_AFTER=3000", E2E.coffer, "mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile])
+            let daemon = try sb.foregroundMount(environment: ["COFFER_TEST_RING_FAIL_AFTER=3000"])
             defer { daemon.stop() }
-            try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
             let writer = #"""
                 import os, sys, time
                 m, src = sys.argv[1:3]
@@ -160,10 +153,8 @@ struct IoUringMountTests {
         defer { sb.cleanup() }
         try #require(sb.initContainer().ok)
         try Self.withRingsOffered {
-            let daemon = try Child(
-                E2E.coffer, ["mount", "-f", "--log-level", "info", sb.container, sb.mnt, "--passfile", sb.passfile, "-o", "no_uring"])
+            let daemon = try sb.foregroundMount(options: "no_uring", logLevel: "info")
             defer { daemon.stop() }
-            try #require(E2E.wait(30) { E2E.answersAsMount(sb.mnt) }, "foreground mount: \(daemon.stderr)")
             try E2E.write(sb.mnt + "/f", "through /dev/fuse")
             #expect(sb.unmount().ok)
             #expect(daemon.waitForExit(30) == 0)

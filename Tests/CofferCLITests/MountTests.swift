@@ -244,7 +244,7 @@ struct MountTests {
             let r = sb.mount(options: bad)
             #expect(r.status == 64 && r.stderr.contains(bad == "idle=" ? "unknown" : bad), "\(bad): \(r)")
         }
-        let daemon = try Self.foregroundMount(sb, options: "idle=2", initialize: false)
+        let daemon = try sb.foregroundMount(options: "idle=2")
         defer { daemon.stop() }
         for i in 0..<8 {
             try E2E.write(sb.mnt + "/f\(i)", "file \(i)")
@@ -275,7 +275,8 @@ struct MountTests {
     @Test func statsOfTheMountpointAreNotUse() throws {
         let sb = try Sandbox("idlestat")
         defer { sb.cleanup() }
-        let daemon = try Self.foregroundMount(sb, options: "idle=6")
+        try #require(sb.initContainer().ok)
+        let daemon = try sb.foregroundMount(options: "idle=6")
         defer { daemon.stop() }
         try E2E.write(sb.mnt + "/f", "kept")
         // A file's attributes asked every second (a new name each time: nothing cached) keep it mounted.
@@ -295,7 +296,8 @@ struct MountTests {
     func anIdleWatcherLeavesAnotherMountAtItsPathAlone() throws {
         let sb = try Sandbox("idlepath")
         defer { sb.cleanup() }
-        let daemon = try Self.foregroundMount(sb, options: "idle=1")
+        try #require(sb.initContainer().ok)
+        let daemon = try sb.foregroundMount(options: "idle=1")
         defer { daemon.stop() }
         let inside = try Child("/bin/sh", ["-c", "cd '\(sb.mnt)' && : > here && exec sleep 6"])
         defer { inside.stop() }
@@ -307,18 +309,6 @@ struct MountTests {
         #expect(table.map(\.type) == ["tmpfs"], "the tmpfs at the path was unmounted: \(table)")
         #expect(inside.waitForExit(20) == 0)
         #expect(daemon.waitForExit(30) == 0, "\(daemon.stderr)")
-    }
-
-    /// `coffer mount -f` of the sandbox's container (made first unless `initialize` is false) with `options`,
-    /// once the mount answers.
-    static func foregroundMount(_ sb: Sandbox, options: String, initialize: Bool = true) throws -> Child {
-        if initialize { try #require(sb.initContainer().ok) }
-        let daemon = try Child(E2E.coffer, ["mount", "-f", sb.container, sb.mnt, "--passfile", sb.passfile, "-o", options])
-        guard E2E.wait(30, { E2E.answersAsMount(sb.mnt) }) else {
-            daemon.stop()
-            throw Sandbox.SandboxError("the mount did not come up: \(daemon.stderr)")
-        }
-        return daemon
     }
 
     @Test func maxThreadsIsCheckedAndApplies() throws {

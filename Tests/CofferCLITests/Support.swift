@@ -248,7 +248,8 @@ enum E2E {
         return text.split(separator: "\n").compactMap { line in
             let f = line.split(separator: " ")
             guard f.count >= 4 else { return nil }
-            return MountEntry(source: unescape(String(f[0])), mountpoint: unescape(String(f[1])), type: String(f[2]), options: String(f[3]))
+            return MountEntry(
+                source: MountInfo.unescape(String(f[0])), mountpoint: MountInfo.unescape(String(f[1])), type: String(f[2]), options: String(f[3]))
         }
     }
 
@@ -257,8 +258,6 @@ enum E2E {
     }
 
     static func isMounted(_ path: String) -> Bool { mountEntry(at: path) != nil }
-
-    static func unescape(_ s: String) -> String { MountInfo.unescape(s) }
 
     /// The device of `path` (stat), nil when stat fails.
     static func device(_ path: String) -> UInt64? {
@@ -449,6 +448,18 @@ final class Sandbox: @unchecked Sendable {
 
             """
         return E2E.run(E2E.which("unshare") ?? "unshare", ["-m", "--propagation", "private", "/bin/sh", "-c", prelude + script], timeout: timeout)
+    }
+
+    /// `coffer mount -f` of the container (with `-o options`, the daemon's log at `logLevel`, and `environment`
+    /// entries NAME=VALUE for it), once the mount answers.
+    func foregroundMount(options: String? = nil, logLevel: String = "notice", environment: [String] = []) throws -> Child {
+        let args = ["mount", "-f", "--log-level", logLevel, container, mnt, "--passfile", passfile] + (options.map { ["-o", $0] } ?? [])
+        let daemon = try Child("/usr/bin/env", environment + [E2E.coffer] + args)
+        guard E2E.wait(30, { E2E.answersAsMount(mnt) }) else {
+            daemon.stop()
+            throw SandboxError("the mount did not come up: \(daemon.stderr)")
+        }
+        return daemon
     }
 
     /// A tmpfs of `size` (mount(8)'s form: "24m") at `root/name`, for full-disk tests (root only).
