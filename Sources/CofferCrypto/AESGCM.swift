@@ -109,9 +109,47 @@ public final class AESGCM: Sendable {
         guard output.count >= length else {
             throw CryptoError.invalidParameter("output buffer holds \(output.count) bytes, need \(length)")
         }
-        let iv = sealedBase.assumingMemoryBound(to: UInt8.self)
-        let ciphertext = UnsafeRawBufferPointer(start: sealedBase + Self.nonceSize, count: length)
-        let tag = UnsafeMutableRawPointer(mutating: sealedBase + Self.nonceSize + length)
+        try openCore(
+            UnsafeRawBufferPointer(start: sealedBase + Self.nonceSize, count: sealed.count - Self.nonceSize), aad: aad,
+            nonce: UnsafeRawBufferPointer(start: sealedBase, count: Self.nonceSize), into: output)
+        return length
+    }
+
+    /// Seals under a nonce the caller chose, writing ciphertext || tag into `out` (exactly plaintext.count + 16
+    /// bytes): for values sealed in blocks whose nonces derive from one random nonce (ContentCipher). The
+    /// caller must never use a nonce twice under this key.
+    public func seal(
+        _ plaintext: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer, nonce: UnsafeRawBufferPointer,
+        into out: UnsafeMutableRawBufferPointer
+    ) throws {
+        try sealCore(plaintext, aad: aad, nonce: nonce, into: out)
+    }
+
+    /// Opens ciphertext || tag sealed under `nonce` into `output` (at least ciphertextAndTag.count - 16 bytes);
+    /// returns the plaintext length. On failure the bytes written to `output` are zeroed.
+    public func open(
+        ciphertextAndTag: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer, nonce: UnsafeRawBufferPointer,
+        into output: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
+        guard ciphertextAndTag.count >= Self.tagSize, nonce.count == Self.nonceSize else { throw CryptoError.authenticationFailed }
+        guard output.count >= ciphertextAndTag.count - Self.tagSize else {
+            throw CryptoError.invalidParameter("output buffer holds \(output.count) bytes, need \(ciphertextAndTag.count - Self.tagSize)")
+        }
+        try openCore(ciphertextAndTag, aad: aad, nonce: nonce, into: output)
+        return ciphertextAndTag.count - Self.tagSize
+    }
+
+    /// Decrypts and checks ciphertext || tag (`body`, at least 16 bytes) into `output`, which the caller sized.
+    private func openCore(
+        _ body: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer, nonce: UnsafeRawBufferPointer,
+        into output: UnsafeMutableRawBufferPointer
+    ) throws {
+        guard let bodyBase = body.baseAddress, let iv = nonce.baseAddress?.assumingMemoryBound(to: UInt8.self) else {
+            throw CryptoError.authenticationFailed
+        }
+        let length = body.count - Self.tagSize
+        let ciphertext = UnsafeRawBufferPointer(start: bodyBase, count: length)
+        let tag = UnsafeMutableRawPointer(mutating: bodyBase + length)
         let outBase = output.baseAddress?.assumingMemoryBound(to: UInt8.self)
         try openers.withContext { ctx in
             guard EVP_DecryptInit_ex2(ctx, nil, nil, iv, nil) == 1 else { throw CryptoError.fromOpenSSL("GCM set IV") }
@@ -128,7 +166,6 @@ public final class AESGCM: Sendable {
                 throw CryptoError.authenticationFailed
             }
         }
-        return length
     }
 
     /// CryptoError.authenticationFailed on any mismatch (nonce, ciphertext, tag, AAD) or short input.

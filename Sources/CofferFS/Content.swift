@@ -168,7 +168,6 @@ extension CofferFileSystem {
         let end = offset + UInt64(count)
         let first = offset / cs, last = (end - 1) / cs
         var output = [UInt8](repeating: 0, count: count)
-        var scratch: [UInt8] = []
         var seen = 0, previous: UInt64?
         let store = self.store
         // Chunks fetched ahead (ReadAhead) serve the read when they are all the map names; else the store does.
@@ -198,13 +197,13 @@ extension CofferFileSystem {
                         _ = try c.cipher.open(sealed, index: index, into: dst)
                         return
                     }
-                    if scratch.isEmpty { scratch = [UInt8](repeating: 0, count: Int(cs)) }
-                    let n = try scratch.withUnsafeMutableBytes { try c.cipher.open(sealed, index: index, into: $0) }
-                    let from = max(offset, start), to = min(end, start + UInt64(n))
-                    guard from < to else { return }
-                    scratch.withUnsafeBytes { src in
-                        let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(from - offset)..<Int(to - offset)])
-                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: src[Int(from - start)..<Int(to - start)]))
+                    // A chunk the range covers in part: only its asked bytes (sealed in blocks, only their blocks are
+                    // decrypted); the output is zeros past the chunk's end.
+                    let from = max(offset, start), to = min(end, start + cs)
+                    let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(from - offset)..<Int(to - offset)])
+                    let n = try c.cipher.open(sealed, index: index, bytes: Int(from - start)..<Int(to - start), into: dst)
+                    guard n <= Int(cs) else {
+                        throw StoreError.authenticationFailed(kind: .contentChunk, entity: "chunk \(index) of content \(c.id) (longer than a chunk)")
                     }
                 }
                 if let held {

@@ -108,6 +108,8 @@ public struct StoreStateTransformer: EntityTransformer {
 /// not stored inside; the plaintext is the chunk's bytes (at most the chunk size).
 public struct ChunkTransformer: EntityTransformer {
     public static let name = "coffer.chunk.v1"
+    /// The name of the same plaintext sealed in 4 KiB blocks (ChunkBlocksTransformer).
+    public static let blocksName = ChunkBlocksTransformer.name
     public static let kind = EntityKind.contentChunk
     public static let maxChunkSize = 1 << 20
     public init() {}
@@ -118,4 +120,14 @@ public struct ChunkTransformer: EntityTransformer {
         }
         return bytes
     }
+}
+
+/// Content chunks sealed in 4 KiB blocks (`coffer.chunk.v2`, ChunkSealing.blocks): the same plaintext as
+/// ChunkTransformer; only the seal's layout differs (ContentCipher).
+public struct ChunkBlocksTransformer: EntityTransformer {
+    public static let name = "coffer.chunk.v2"
+    public static let kind = EntityKind.contentChunk
+    public init() {}
+    public func encode(_ v: [UInt8]) -> [UInt8] { ChunkTransformer().encode(v) }
+    public func decode(_ bytes: [UInt8]) throws(DecodeError) -> [UInt8] { try ChunkTransformer().decode(bytes) }
 }

@@ -42,24 +42,44 @@ public protocol EntityTransformer: Sendable {
 /// `coffer_kinds` table names a kind or transformer missing here refuses to open.
 public struct TransformerRegistry: Sendable {
     private var names: [EntityKind: String] = [:]
+    /// Older transformers of a kind that stores made before may still name (read and written as they say).
+    private var older: [EntityKind: Set<String>] = [:]
 
     public init() {}
 
+    /// Registers `transformer` as what new stores name for its kind.
     public mutating func register<T: EntityTransformer>(_ transformer: T.Type) {
         names[T.kind] = T.name
     }
+    /// Lets a store name `transformer` for its kind too (an earlier form the code still reads and writes).
+    public mutating func accept<T: EntityTransformer>(_ transformer: T.Type) {
+        older[T.kind, default: []].insert(T.name)
+    }
     public func transformerName(for kind: EntityKind) -> String? { names[kind] }
+    public func accepts(_ name: String, for kind: EntityKind) -> Bool { names[kind] == name || older[kind]?.contains(name) == true }
     public var registeredKinds: [EntityKind] { EntityKind.allCases.filter { names[$0] != nil } }
 
-    /// Coffer's transformers, format version 1.
+    /// Coffer's transformers, format version 1 (chunks sealed in blocks; whole ones still read and written).
     public static let standard: TransformerRegistry = {
         var r = TransformerRegistry()
         r.register(InodeTransformer.self)
         r.register(DirectoryEntryTransformer.self)
-        r.register(ChunkTransformer.self)
+        r.register(ChunkBlocksTransformer.self)
+        r.accept(ChunkTransformer.self)
         r.register(ExtendedAttributeTransformer.self)
         r.register(StoreStateTransformer.self)
         r.register(ChunkMapPageTransformer.self)
+        return r
+    }()
+}
+
+extension TransformerRegistry {
+    /// The standard registry as before session 24: new stores seal chunks whole (`coffer.chunk.v1`). Tests make
+    /// such stores to keep that form working.
+    public static let wholeChunks: TransformerRegistry = {
+        var r = TransformerRegistry.standard
+        r.register(ChunkTransformer.self)
+        r.accept(ChunkBlocksTransformer.self)
         return r
     }()
 }

@@ -19,6 +19,8 @@ public final class EntityStore: @unchecked Sendable {
     let keys: ContainerKeys
     public let sealer: EntitySealer
     public var readOnly: Bool { backend.readOnly }
+    /// How this store seals content chunks (its `coffer_kinds` row): set once while opening, before it is shared.
+    public private(set) var chunkSealing: ChunkSealing = .blocks
 
     /// The generation of the last commit: grows by one with every commit.
     private let committedGeneration = Mutex<UInt64>(0)
@@ -133,7 +135,8 @@ public final class EntityStore: @unchecked Sendable {
         var seen = Set<EntityKind>()
         for k in schema.kinds {
             guard let kind = EntityKind(name: k.name), Int(kind.rawValue) == k.number else { throw .unknownKind(k.name) }
-            guard registry.transformerName(for: kind) == k.transformer else { throw .unknownTransformer(kind: k.name, transformer: k.transformer) }
+            guard registry.accepts(k.transformer, for: kind) else { throw .unknownTransformer(kind: k.name, transformer: k.transformer) }
+            if kind == .contentChunk, let sealing = ChunkSealing(transformerName: k.transformer) { chunkSealing = sealing }
             seen.insert(kind)
         }
         for kind in registry.registeredKinds where !seen.contains(kind) { throw .missingKind(kind.name) }
@@ -466,7 +469,7 @@ public final class EntityStore: @unchecked Sendable {
 
     /// The cipher of one file's content (its key is derived from the content root and the id).
     public func contentCipher(contentId: UInt64) throws(StoreError) -> ContentCipher {
-        do { return ContentCipher(contentId: contentId, aead: try keys.fileCipher(contentId: contentId)) } catch {
+        do { return ContentCipher(contentId: contentId, aead: try keys.fileCipher(contentId: contentId), sealing: chunkSealing) } catch {
             throw .sealingFailed("deriving a file key: \(error)")
         }
     }

@@ -30,9 +30,11 @@ struct ContentTests {
         expectError(FSError.badHandle) { _ = try f.write(ino, 1, at: 0, [1]) }
     }
 
-    @Test func unalignedWritesSpanningChunksMatchAModel() throws {
-        let cs = 4096
-        let f = try Fixture(chunkSize: cs)
+    /// Every read goes through whole and partial chunks; chunks sealed in blocks (new stores) and whole (older ones).
+    @Test(arguments: [(4096, true), (32768, true), (32768, false)])
+    func unalignedWritesSpanningChunksMatchAModel(cs: Int, blocks: Bool) throws {
+        let f = try Fixture(chunkSize: cs, registry: blocks ? .standard : .wholeChunks)
+        #expect(f.store.chunkSealing == (blocks ? .blocks : .whole))
         defer { f.cleanup() }
         let (ino, h) = try f.create("model")
         var model: [UInt8] = []
@@ -63,7 +65,7 @@ struct ContentTests {
                 try apply(offset, g.bytes(length))
             }
             #expect(try f.fs.getattr(ino).size == UInt64(model.count), "step \(step)")
-            if step % 25 == 0 {
+            if step % 5 == 0 {
                 let offset = Int.random(in: 0...model.count, using: &g)
                 let size = Int.random(in: 1...4 * cs, using: &g)
                 let got = try f.fs.read(ino, handle: h, offset: UInt64(offset), size: size)
@@ -74,6 +76,12 @@ struct ContentTests {
         f.fs.release(ino, handle: h)
         try f.remount()
         #expect(try f.contents(ino) == model, "after remount")
+        // Committed chunks, read from the store: parts of one chunk, across chunks, past the end.
+        for _ in 0..<60 {
+            let offset = Int.random(in: 0...model.count, using: &g), size = Int.random(in: 1...2 * cs, using: &g)
+            let got = try f.fs.read(ino, handle: .none, offset: UInt64(offset), size: size)
+            #expect(got == Array(model[offset..<min(model.count, offset + size)]), "after remount, read \(offset)+\(size)")
+        }
     }
 
     @Test func sparseWriteFarBeyondEOFReadsZeros() throws {

@@ -41,10 +41,14 @@ final class Fixture {
     private var open = true
     var storePath: String { dir + "/" + SQLiteBackend.fileName }
 
-    init(chunkSize: Int = 65536, options: CofferFileSystem.Options = .init(), engine: StoreEngine = .fromEnvironment) throws {
+    /// `registry: .wholeChunks` makes a store that seals chunks whole, as stores made before session 24.
+    init(
+        chunkSize: Int = 65536, options: CofferFileSystem.Options = .init(), engine: StoreEngine = .fromEnvironment,
+        registry: TransformerRegistry = .standard
+    ) throws {
         dir = try makeTempDir()
         self.chunkSize = chunkSize
-        made = try TestStore.create(engine, in: dir, name: SQLiteBackend.fileName, chunkSize: chunkSize)
+        made = try TestStore.create(engine, in: dir, name: SQLiteBackend.fileName, chunkSize: chunkSize, registry: registry)
         keys = made.keys
         store = try made.open()
         fs = try CofferFileSystem(store: store, chunkSize: chunkSize, options: options, statfsPath: dir, logger: Logger(label: "test"))

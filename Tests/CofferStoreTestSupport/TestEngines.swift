@@ -45,19 +45,19 @@ public struct TestStore {
     /// Creates an empty store (random keys: no KDF) in `dir` or in a fresh schema.
     public static func create(
         _ engine: StoreEngine, in dir: String, name: String = "store.db", chunkSize: Int = 65536,
-        cluster: PostgresCluster? = nil
+        cluster: PostgresCluster? = nil, registry: TransformerRegistry = .standard
     ) throws -> TestStore {
         let keys = try ContainerKeys(master: try SecureBytes.random(count: 32), containerId: try Random.bytes(16))
         switch engine {
         case .sqlite:
             let path = dir + "/" + name
-            try EntityStore.create(at: path, keys: keys, registry: .standard, chunkSize: chunkSize)
+            try EntityStore.create(at: path, keys: keys, registry: registry, chunkSize: chunkSize)
             return TestStore(engine: engine, keys: keys, path: path, location: nil)
         case .postgres:
             let location = try TestPostgres.freshLocation(in: cluster)
             let backend = try PostgresBackend.create(location, header: Array("{}".utf8))
             defer { backend.close() }
-            try EntityStore.initialize(backend, keys: keys, registry: .standard)
+            try EntityStore.initialize(backend, keys: keys, registry: registry)
             return TestStore(engine: engine, keys: keys, path: location.display, location: location)
         }
     }

@@ -96,7 +96,7 @@ struct SegmentTests {
             }
             try expectOdd(store)  // gathered, not yet written
             try store.commit()
-            let sealedLength = 10000 + ContentCipher.overhead
+            let sealedLength = ContentCipher.sealedLength(10000, sealing: .blocks)
             let size = try store.sqlite.pool.read { db in try Int.fetchOne(db, sql: "SELECT size FROM segments WHERE id = 1") }
             #expect(size == (direct ? (3 * sealedLength + 4095) / 4096 * 4096 : 3 * sealedLength))
             // 40 chunks of 64 KiB: the gathered bytes are written every MiB, so reads before the commit
@@ -191,7 +191,7 @@ struct SegmentTests {
             #expect(rewritten < 100 * 65536 + (1 << 20), "the replaced chunks still take space: \(rewritten)")
             try expectTestChunks(store, file: second, count: 100, seed: 5)
             let live = try store.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
-            #expect(live == Int64(100 * (65536 + ContentCipher.overhead)))
+            #expect(live == Int64(100 * ContentCipher.sealedLength(65536, sealing: .blocks)))
             store.close()
         }
     }
@@ -227,7 +227,7 @@ struct SegmentTests {
             try reopened.commit()
             #expect(try reopened.chunkIndices(file: file).isEmpty)
             let live = try reopened.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
-            #expect(live == Int64(2 * (65536 + ContentCipher.overhead)), "the deleted rows are still counted live")
+            #expect(live == Int64(2 * ContentCipher.sealedLength(65536, sealing: .blocks)), "the deleted rows are still counted live")
             try expectTestChunks(reopened, file: kept, count: 2, seed: 7)
         }
     }
@@ -277,7 +277,7 @@ struct SegmentTests {
             #expect(segmentFiles(path)["7"] == nil, "a file no row lists was kept")
             try expectTestChunks(reopened, file: kept, count: 10, seed: 4)
             let live = try reopened.sqlite.pool.read { db in try Int64.fetchOne(db, sql: "SELECT sum(live) FROM segments") }
-            #expect(live == Int64(10 * (65536 + ContentCipher.overhead)))
+            #expect(live == Int64(10 * ContentCipher.sealedLength(65536, sealing: .blocks)))
             // Appends continue after the committed size, over what the crash left.
             try reopened.putTestChunks(file: lost, count: 2, seed: 8, keys: keys)
             try reopened.commit()

@@ -256,7 +256,7 @@ struct StoreTamperTests {
             partial.register(DirectoryEntryTransformer.self)
             partial.register(ExtendedAttributeTransformer.self)
             partial.register(StoreStateTransformer.self)
-            expectError(StoreError.unknownTransformer(kind: "chunk", transformer: "coffer.chunk.v1")) {
+            expectError(StoreError.unknownTransformer(kind: "chunk", transformer: "coffer.chunk.v2")) {
                 _ = try EntityStore.open(at: path, keys: keys, registry: partial)
             }
         }
