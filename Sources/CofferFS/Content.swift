@@ -94,8 +94,9 @@ extension CofferFileSystem {
         try read(ino, handle: handle, offset: offset, size: size, wholeChunks: false).bytes
     }
 
-    /// The whole chunks the asked bytes lie in, up to the end of the file: opening a chunk decrypts all of it
-    /// anyway. Only the asked bytes when the range reaches the file's plaintext tail (`TailChunk`, not sealed yet).
+    /// The whole chunks the asked bytes lie in, up to the end of the file, for the kernel's page cache (read-only
+    /// mounts, PageCacheFiller): whole chunks are decrypted then, also where a chunk is sealed in blocks. Only the
+    /// asked bytes when the range reaches the file's plaintext tail (`TailChunk`, not sealed yet).
     public func readChunks(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> ChunkRead {
         try read(ino, handle: handle, offset: offset, size: size, wholeChunks: true)
     }
@@ -199,12 +200,13 @@ extension CofferFileSystem {
                     }
                     // A chunk the range covers in part: only its asked bytes (sealed in blocks, only their blocks are
                     // decrypted); the output is zeros past the chunk's end.
-                    let from = max(offset, start), to = min(end, start + cs)
-                    let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(from - offset)..<Int(to - offset)])
-                    let n = try c.cipher.open(sealed, index: index, bytes: Int(from - start)..<Int(to - start), into: dst)
-                    guard n <= Int(cs) else {
+                    // A value that states more than a chunk is refused before anything is decrypted.
+                    guard let n = c.cipher.plaintextLength(sealed), n <= Int(cs) else {
                         throw StoreError.authenticationFailed(kind: .contentChunk, entity: "chunk \(index) of content \(c.id) (longer than a chunk)")
                     }
+                    let from = max(offset, start), to = min(end, start + cs)
+                    let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(from - offset)..<Int(to - offset)])
+                    _ = try c.cipher.open(sealed, index: index, bytes: Int(from - start)..<Int(to - start), into: dst)
                 }
                 if let held {
                     for (index, sealed) in held { try sealed.withUnsafeBytes { try place(index, $0) } }

@@ -76,8 +76,9 @@ public struct ContentCipher: Sendable {
     /// Opens bytes `bytes` of a chunk (offsets inside it) into the start of `output` (at least
     /// `bytes.count`); returns the chunk's plaintext length L, so the caller knows that only
     /// `bytes ∩ 0..<L` were written. Sealed in blocks, only the blocks that hold those bytes are
-    /// decrypted (a 4 KiB read of a 32 KiB chunk opens one block); sealed whole, the chunk is opened
-    /// and `bytes.count` must be at least its length unless `bytes` starts at 0 with room for all of it.
+    /// decrypted (a 4 KiB read of a 32 KiB chunk opens one block); sealed whole, all of it is (into a buffer of
+    /// its own unless `bytes` and `output` take the whole chunk). When it throws, `output` may still hold
+    /// authentic bytes of blocks opened before the one that failed (never unauthenticated ones): discard it.
     public func open(
         _ sealed: UnsafeRawBufferPointer, index: UInt64, bytes: Range<Int>, into output: UnsafeMutableRawBufferPointer
     ) throws(StoreError) -> Int {
@@ -115,7 +116,8 @@ public struct ContentCipher: Sendable {
     public func plaintextLength(_ sealed: UnsafeRawBufferPointer) -> Int? {
         switch sealing {
         case .whole:
-            return sealed.count >= AESGCM.overhead ? sealed.count - AESGCM.overhead : nil
+            let length = sealed.count - AESGCM.overhead
+            return length >= 0 && length <= ChunkTransformer.maxChunkSize ? length : nil
         case .blocks:
             guard sealed.count >= Self.tagSize + Self.sealIdSize else { return nil }
             let length = Int(UInt32(bigEndian: sealed.loadUnaligned(fromByteOffset: sealed.count - 4, as: UInt32.self)))

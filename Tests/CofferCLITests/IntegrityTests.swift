@@ -135,6 +135,50 @@ struct IntegrityTests {
         w.expect(try w.mountAndRead(), damaged: ["paged.bin"])
     }
 
+    /// Chunks sealed in 4 KiB blocks: a byte flipped in one block of a chunk fails the reads of that block; the
+    /// file's other blocks, in the same chunk too, still read their own bytes (read one page at a time, without
+    /// readahead), and reading the whole file is EIO.
+    @Test func bitFlipInOneBlockFailsTheReadsOfThatBlockOnly() throws {
+        let w = try World("flipblock")
+        defer { w.cleanup() }
+        try w.edit(
+            """
+            row = db.execute('SELECT value FROM chunks WHERE file = \(Self.pagedFile) AND idx = 4').fetchone()
+            v = bytearray(row[0])
+            assert len(v) == 32768 + 8 * 16 + 16, len(v)
+            v[2 * 4112 + 100] ^= 0x10
+            assert db.execute('UPDATE chunks SET value = ? WHERE value = ?', (bytes(v), row[0])).rowcount == 1
+            """)
+        try #require(w.sb.mount().ok)
+        defer { _ = w.sb.unmount() }
+        let original = try #require(w.originals["paged.bin"])
+        // Chunk 4's blocks 1, 2 (the damaged one) and 3, then block 2 of chunk 3.
+        let offsets = [4 * 32768 + 4096, 4 * 32768 + 8192, 4 * 32768 + 12288, 3 * 32768 + 8192]
+        let probe = E2E.py(
+            """
+            import os, sys
+            fd = os.open(sys.argv[1], os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for off in map(int, sys.argv[2:]):
+                try:
+                    print(os.pread(fd, 4096, off).hex())
+                except OSError as e:
+                    print('errno', e.errno)
+            """, [w.sb.mnt + "/paged.bin"] + offsets.map(String.init))
+        try #require(probe.ok, "\(probe)")
+        let lines = probe.stdout.split(separator: "\n").map(String.init)
+        try #require(lines.count == offsets.count, "\(probe)")
+        for (offset, line) in zip(offsets, lines) {
+            if offset == 4 * 32768 + 8192 {
+                #expect(line == "errno \(EIO)", "the damaged block")
+            } else {
+                #expect(line == original[offset..<offset + 4096].map { String(format: "%02x", $0) }.joined(), "block at \(offset)")
+            }
+        }
+        if case .failure(let e) = Self.readFile(w.sb.mnt + "/paged.bin") { #expect(e.code == EIO) } else { Issue.record("the whole file read") }
+        #expect((try? Self.readFile(w.sb.mnt + "/inline.bin").get()) == w.originals["inline.bin"])
+    }
+
     @Test func bitFlipInAChunkMapPageIsEIOOnThatFile() throws {
         let w = try World("flippage")
         defer { w.cleanup() }

@@ -19,11 +19,45 @@ struct ChunkBlocksTests {
         ContentCipher(contentId: file, aead: key, sealing: sealing)
     }
 
-    /// Opens `bytes` of a sealed chunk; the bytes written and the length returned.
-    func read(_ c: ContentCipher, _ sealed: [UInt8], index: UInt64 = 3, _ bytes: Range<Int>) throws -> ([UInt8], Int) {
+    /// Opens `bytes` of a sealed chunk; the bytes written and the length returned. Nothing past `bytes ∩ 0..<L`
+    /// may be written (a reader's output is zeros there).
+    func read(
+        _ c: ContentCipher, _ sealed: [UInt8], index: UInt64 = 3, _ bytes: Range<Int>, sourceLocation: SourceLocation = #_sourceLocation
+    ) throws -> ([UInt8], Int) {
         var out = [UInt8](repeating: 0xEE, count: bytes.count)
         let n = try sealed.withUnsafeBytes { s in try out.withUnsafeMutableBytes { try c.open(s, index: index, bytes: bytes, into: $0) } }
-        return (Array(out.prefix(max(0, min(bytes.upperBound, n) - bytes.lowerBound))), n)
+        let written = max(0, min(bytes.upperBound, n) - bytes.lowerBound)
+        #expect(out[written...].allSatisfy { $0 == 0xEE }, "bytes past the chunk's end were written", sourceLocation: sourceLocation)
+        return (Array(out.prefix(written)), n)
+    }
+
+    /// The layout pinned by hand from docs/FORMAT.md (not through the code that seals): block j opens under N with
+    /// j XORed into its last four bytes, with the chunk's associated data, the seal id and j (u32, big-endian).
+    @Test func blocksOpenAsFormatMdDescribesThem() throws {
+        let c = cipher(.blocks, file: 0x0102_0304_0506_0708)
+        var g = SplitMix64(seed: 0xD0C)
+        let plain = g.bytes(9000)  // blocks of 4096, 4096 and 808 bytes
+        let sealed = try c.seal(plain, index: 0x0A0B)
+        #expect(sealed.count == 9000 + 3 * 16 + 16)
+        let sealId = Array(sealed.suffix(16))
+        #expect(Array(sealId.suffix(4)) == [0, 0, 0x23, 0x28], "L = 9000, big-endian")
+        let chunkAD = Array("coffer".utf8) + [1, 3] + [1, 2, 3, 4, 5, 6, 7, 8] + [0, 0, 0, 0, 0, 0, 0x0A, 0x0B]
+        for (j, range) in [(0, 0..<4096), (1, 4096..<8192), (2, 8192..<9000)] {
+            var nonce = Array(sealId.prefix(12))
+            nonce[11] ^= UInt8(j)
+            let aad = chunkAD + sealId + [0, 0, 0, UInt8(j)]
+            let at = j * 4112
+            let body = Array(sealed[at..<at + range.count + 16])
+            var out = [UInt8](repeating: 0, count: range.count)
+            let n = try body.withUnsafeBytes { b in
+                try aad.withUnsafeBytes { a in
+                    try nonce.withUnsafeBytes { nn in
+                        try out.withUnsafeMutableBytes { try key.open(ciphertextAndTag: b, aad: a, nonce: nn, into: $0) }
+                    }
+                }
+            }
+            #expect(n == range.count && out == Array(plain[range]), "block \(j)")
+        }
     }
 
     @Test(arguments: [ChunkSealing.blocks, .whole])
@@ -117,9 +151,16 @@ struct ChunkBlocksTests {
         expectAuthFailure(.contentChunk) { try read(cipher(.whole), a, 0..<10) }
         // Lengths no seal has.
         for bad in [[], Array(a.prefix(31)), a + [0], Array(a.dropFirst())] { expectAuthFailure(.contentChunk) { try read(c, bad, 0..<10) } }
-        var tooLong = id
-        tooLong.replaceSubrange(12..<16, with: UInt32(2 << 20).bigEndianBytes)
-        expectAuthFailure(.contentChunk) { try read(c, ba[0] + tooLong, 0..<10) }
+        // A length past the largest chunk, with a value exactly as long as that length needs: refused by its length.
+        let huge = 2 << 20
+        var hugeId = id
+        hugeId.replaceSubrange(12..<16, with: UInt32(huge).bigEndianBytes)
+        let hugeValue = [UInt8](repeating: 0, count: huge + (huge / 4096) * 16) + hugeId
+        #expect(hugeValue.withUnsafeBytes { c.plaintextLength($0) } == nil)
+        expectAuthFailure(.contentChunk) { try read(c, hugeValue, 0..<10) }
+        // The same for a whole seal: a value longer than the largest chunk is not opened.
+        let hugeWhole = [UInt8](repeating: 0, count: huge + 28)
+        expectAuthFailure(.contentChunk) { try read(cipher(.whole), hugeWhole, 0..<10) }
     }
 
     @Test func aWholeOpenNeedsRoomForTheChunk() throws {
@@ -142,6 +183,12 @@ struct ChunkBlocksTests {
             #expect(store.chunkSealing == sealing)
             let c = try store.contentCipher(contentId: 7)
             #expect(c.sealing == sealing)
+            // What the store holds has the form's layout, and reads back through a new cipher of the store.
+            try store.putChunks(file: 7, [(0, try c.seal([UInt8](repeating: 9, count: 20_000), index: 0))])
+            try store.commit()
+            let stored = try #require(try store.sealedChunks(file: 7, first: 0, last: 0).first?.sealed)
+            #expect(stored.count == (sealing == .blocks ? 20_000 + 5 * 16 + 16 : 20_000 + 28))
+            #expect(try read(try store.contentCipher(contentId: 7), stored, index: 0, 12_000..<12_010).0 == [UInt8](repeating: 9, count: 10))
             store.close()
         }
     }
