@@ -6,26 +6,28 @@ import Testing
     import Glibc
 #endif
 
-// Issue 15, item 7: the container Tests/Fixtures/format-1 was made by the code of its day and is never
-// regenerated. Every later version must mount a copy of it and show exactly what its manifest lists:
+// Issue 15, item 7: the containers under Tests/Fixtures (format-1; format-1-blocks, chunks sealed in 4 KiB
+// blocks) were made by the code of their day and are never regenerated. Every later version must mount a copy
+// of each and show exactly what its manifest lists:
 // names, types, modes, owners, sizes, stored blocks, nlink, mtimes to the nanosecond, symlink targets
 // (the absolute one under this mount's path), user.* xattrs, and the content's SHA-256.
 
-@Suite("Format fixture: format-1 through a real mount", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"))
+@Suite("Format fixtures through a real mount", .enabled(if: E2E.fuseAvailable, "/dev/fuse is not usable"))
 struct FormatFixtureTests {
-    @Test func format1MountsAndReadsAsItsManifestSays() throws {
+    @Test(arguments: FormatFixture.all)
+    func fixtureMountsAndReadsAsItsManifestSays(fixture: String) throws {
         let sb = try Sandbox("fixture1")
         defer { sb.cleanup() }
-        try FormatFixture.copyContainer(version: 1, to: sb.container)
-        try E2E.write(sb.passfile, try FormatFixture.password(version: 1) + "\n")
-        let manifest = try FormatFixture.manifest(version: 1)
+        try FormatFixture.copyContainer(fixture, to: sb.container)
+        try E2E.write(sb.passfile, try FormatFixture.password(fixture) + "\n")
+        let manifest = try FormatFixture.manifest(fixture)
         #expect(manifest.format == 1 && manifest.chunkSize == 32768)
 
         var env = ProcessInfo.processInfo.environment
         env["COFFER_STATE_DIR"] = sb.root + "/state"
         let m = E2E.run(E2E.coffer, ["mount", sb.container, sb.mnt, "--passfile", sb.passfile], environment: env)
         sb.noteDaemon()
-        try #require(m.ok, "the format-1 fixture must mount: \(m)")
+        try #require(m.ok, "the \(fixture) fixture must mount: \(m)")
         defer { E2E.run(E2E.coffer, ["unmount", sb.mnt], environment: env) }
 
         let seen = try Self.walk(sb.mnt)
@@ -37,8 +39,8 @@ struct FormatFixtureTests {
         // The absolute symlink leads to the file under this mountpoint.
         #expect(E2E.read(sb.mnt + "/notes/deep/link-abs") == E2E.read(sb.mnt + "/hello.txt"))
 
-        // Written to by today's code, a store that seals chunks whole keeps doing so: parts of chunks overwritten
-        // and a file grown read back after a remount, and fsck finds nothing.
+        // Written to by today's code, each store keeps its form (format-1 seals chunks whole): parts of chunks
+        // overwritten and a file grown read back after a remount, and fsck finds nothing.
         var sparse = try #require(E2E.read(sb.mnt + "/sparse.bin"))
         let patch = (0..<10_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }
         let fd = open(sb.mnt + "/sparse.bin", O_WRONLY)

@@ -7,27 +7,28 @@ import Testing
 @testable import CofferFS
 @testable import CofferStore
 
-// Issue 15, item 7, below the mount: a copy of the frozen Tests/Fixtures/format-1 container opened with
+// Issue 15, item 7, below the mount: a copy of each frozen Tests/Fixtures container opened with
 // its password (and with its recovery key) and read through CofferFileSystem, without FUSE, must show
 // what the fixture's manifest lists (FormatFixtureTests in CofferCLITests does the same through a mount).
 
-@Suite("Format fixture: format-1 through CofferFileSystem")
+@Suite("Format fixtures through CofferFileSystem")
 struct FormatFixtureTests {
     /// Where the absolute symlink's target is resolved (a mountpoint that never exists).
     static let symlinkRoot = "/fixture-mount"
 
-    @Test(arguments: ["password", "recovery key"])
-    func format1ReadsAsItsManifestSays(secret: String) throws {
+    @Test(arguments: FormatFixture.all, ["password", "recovery key"])
+    func fixtureReadsAsItsManifestSays(fixture: String, secret: String) throws {
         let dir = try makeTempDir("coffer-fixture")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        try FormatFixture.copyContainer(version: 1, to: dir + "/c")
-        let text = secret == "password" ? try FormatFixture.password(version: 1) : try FormatFixture.recoveryKey(version: 1)
+        try FormatFixture.copyContainer(fixture, to: dir + "/c")
+        let text = secret == "password" ? try FormatFixture.password(fixture) : try FormatFixture.recoveryKey(fixture)
 
         let container = try Container.open(at: dir + "/c")
         #expect(container.header.chunkSize == 32768)
         let keys = try container.unlock(.fromPassword(SecureBytes(copying: Array(text.utf8)))).keys
         defer { keys.wipe() }
         let store = try EntityStore.open(at: try container.storePath(), keys: keys)
+        #expect(store.chunkSealing == (fixture == "format-1" ? .whole : .blocks))
         var options = CofferFileSystem.Options()
         options.symlinkRoot = Self.symlinkRoot
         let fs = try CofferFileSystem(
@@ -35,7 +36,7 @@ struct FormatFixtureTests {
             statfsPath: dir, logger: Logger(label: "fixture"))
         defer { fs.shutdown() }
 
-        let manifest = try FormatFixture.manifest(version: 1)
+        let manifest = try FormatFixture.manifest(fixture)
         let seen = try Self.walk(fs)
         let differences = FormatFixture.differences(expected: manifest.entries, seen: seen)
         #expect(differences.isEmpty, "the filesystem differs from the manifest:\n\(differences.joined(separator: "\n"))")

@@ -1,33 +1,36 @@
 import Foundation
 
-/// The frozen containers under Tests/Fixtures (one directory per format version, never regenerated):
+/// The frozen containers under Tests/Fixtures (one directory per format version or form, never regenerated):
 /// where they are, what their manifest says, and how what a test saw differs from it. Found from this
 /// source file's path, so a clean clone (CI) has them without any copying step.
 public enum FormatFixture {
-    /// Tests/Fixtures/format-`version`.
-    public static func directory(version: Int = 1) -> String {
+    /// The frozen fixtures: format 1 with whole-sealed chunks, and with chunks sealed in 4 KiB blocks.
+    public static let all = ["format-1", "format-1-blocks"]
+
+    /// Tests/Fixtures/`name`.
+    public static func directory(_ name: String = "format-1") -> String {
         URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("Fixtures/format-\(version)").path
+            .appendingPathComponent("Fixtures/\(name)").path
     }
 
     /// The password, first line of the `password` file beside the container.
-    public static func password(version: Int = 1) throws -> String {
-        try firstLine(directory(version: version) + "/password")
+    public static func password(_ name: String = "format-1") throws -> String {
+        try firstLine(directory(name) + "/password")
     }
 
     /// The recovery key `coffer init` printed for the fixture.
-    public static func recoveryKey(version: Int = 1) throws -> String {
-        try firstLine(directory(version: version) + "/recovery-key")
+    public static func recoveryKey(_ name: String = "format-1") throws -> String {
+        try firstLine(directory(name) + "/recovery-key")
     }
 
-    public static func manifest(version: Int = 1) throws -> Manifest {
-        let data = try Data(contentsOf: URL(fileURLWithPath: directory(version: version) + "/manifest.json"))
+    public static func manifest(_ name: String = "format-1") throws -> Manifest {
+        let data = try Data(contentsOf: URL(fileURLWithPath: directory(name) + "/manifest.json"))
         return try JSONDecoder().decode(Manifest.self, from: data)
     }
 
     /// Copies the container directory to `destination` (which must not exist): tests never touch the original.
-    public static func copyContainer(version: Int = 1, to destination: String) throws {
-        try FileManager.default.copyItem(atPath: directory(version: version) + "/container", toPath: destination)
+    public static func copyContainer(_ name: String = "format-1", to destination: String) throws {
+        try FileManager.default.copyItem(atPath: directory(name) + "/container", toPath: destination)
     }
 
     private static func firstLine(_ path: String) throws -> String {
