@@ -54,10 +54,17 @@ struct FormatFixtureTests {
         #expect(u.ok, "unmount: \(u)")
         let again = E2E.run(E2E.coffer, ["mount", sb.container, sb.mnt, "--passfile", sb.passfile], environment: env)
         try #require(again.ok, "remount: \(again)")
-        #expect(E2E.read(sb.mnt + "/sparse.bin") == sparse, "the whole-sealed file reads back what was written")
+        #expect(E2E.read(sb.mnt + "/sparse.bin") == sparse, "the file reads back what was written")
         #expect(E2E.run(E2E.coffer, ["unmount", sb.mnt], environment: env).ok)
         let fsck = E2E.run(E2E.coffer, ["fsck", sb.container, "--passfile", sb.passfile], environment: env)
         #expect(fsck.ok, "fsck after writing: \(fsck)")
+        // A copy seals as its source did (the kinds rows travel with the sealed rows): it verifies and reads the same.
+        let copy = sb.root + "/copy"
+        let c = E2E.run(E2E.coffer, ["copy", sb.container, copy, "--verify", "--passfile", sb.passfile], environment: env)
+        #expect(c.ok, "copy: \(c)")
+        try #require(E2E.run(E2E.coffer, ["mount", copy, sb.mnt, "--passfile", sb.passfile], environment: env).ok)
+        #expect(E2E.read(sb.mnt + "/sparse.bin") == sparse, "the copy reads what its source held")
+        #expect(E2E.run(E2E.coffer, ["unmount", sb.mnt], environment: env).ok)
     }
 
     /// Every path under `root` (root itself as "."), recorded as the manifest records it.
