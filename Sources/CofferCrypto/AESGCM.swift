@@ -1,7 +1,8 @@
 import CCrypto
 
 /// AES-256-GCM with a fresh random 96-bit nonce per seal.
-/// Sealed layout: nonce(12) || ciphertext || tag(16).
+/// Sealed layout: nonce(12) || ciphertext || tag(16). Chunks sealed in blocks use the calls that take a
+/// nonce the caller derives (`seal(_:aad:nonce:into:)`, `open(ciphertextAndTag:aad:nonce:into:)`).
 ///
 /// Thread-safe: keeps small pools of pre-keyed EVP_CIPHER_CTX (one for sealing, one for
 /// opening). The key is set once per context; per message only the IV, which is what makes
@@ -131,7 +132,8 @@ public final class AESGCM: Sendable {
         ciphertextAndTag: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer, nonce: UnsafeRawBufferPointer,
         into output: UnsafeMutableRawBufferPointer
     ) throws -> Int {
-        guard ciphertextAndTag.count >= Self.tagSize, nonce.count == Self.nonceSize else { throw CryptoError.authenticationFailed }
+        guard nonce.count == Self.nonceSize else { throw CryptoError.invalidParameter("nonce of \(nonce.count) bytes") }
+        guard ciphertextAndTag.count >= Self.tagSize else { throw CryptoError.authenticationFailed }
         guard output.count >= ciphertextAndTag.count - Self.tagSize else {
             throw CryptoError.invalidParameter("output buffer holds \(output.count) bytes, need \(ciphertextAndTag.count - Self.tagSize)")
         }

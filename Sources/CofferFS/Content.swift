@@ -163,7 +163,7 @@ extension CofferFileSystem {
     /// Bytes [offset, offset+count) of a file's content, every chunk checked against the file's
     /// chunk map: a hole reads as zeros, a stored chunk must be the one the map names (its tag) and
     /// open under the file key. A missing, extra or older chunk is EIO. Chunks are opened straight
-    /// from the store's buffer into the reply (or a scratch chunk at the edges).
+    /// from the store's buffer into the reply; of a chunk the range covers in part, only the asked bytes.
     func readRange(_ c: FileContent, offset: UInt64, count: Int) throws(FSError) -> [UInt8] {
         let cs = UInt64(chunkSize)
         let end = offset + UInt64(count)
@@ -176,6 +176,11 @@ extension CofferFileSystem {
         do {
             try output.withUnsafeMutableBytes { out in
                 func place(_ index: UInt64, _ sealed: UnsafeRawBufferPointer) throws {
+                    // The engine answers for first...last only; a row outside (a hostile server's) is not placed.
+                    guard index >= first, index <= last else {
+                        throw StoreError.authenticationFailed(
+                            kind: .contentChunk, entity: "chunk \(index) of content \(c.id) (outside the range read)")
+                    }
                     let expected = c.tag(index)
                     guard !expected.isHole, ChunkTag(sealed: sealed) == expected else {
                         throw StoreError.authenticationFailed(
@@ -199,12 +204,13 @@ extension CofferFileSystem {
                         return
                     }
                     // A chunk the range covers in part: only its asked bytes (sealed in blocks, only their blocks are
-                    // decrypted); the output is zeros past the chunk's end.
-                    // A value that states more than a chunk is refused before anything is decrypted.
+                    // decrypted); the output is zeros past the chunk's end. A value that states more than a chunk is
+                    // refused before anything is decrypted.
                     guard let n = c.cipher.plaintextLength(sealed), n <= Int(cs) else {
                         throw StoreError.authenticationFailed(kind: .contentChunk, entity: "chunk \(index) of content \(c.id) (longer than a chunk)")
                     }
                     let from = max(offset, start), to = min(end, start + cs)
+                    guard from < to else { return }
                     let dst = UnsafeMutableRawBufferPointer(rebasing: out[Int(from - offset)..<Int(to - offset)])
                     _ = try c.cipher.open(sealed, index: index, bytes: Int(from - start)..<Int(to - start), into: dst)
                 }

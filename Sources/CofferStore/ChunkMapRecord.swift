@@ -1,5 +1,5 @@
-/// The 16-byte AES-GCM tag that ends a chunk's sealed value: what a file's chunk map records for a
-/// position (docs/FORMAT.md, "The chunk map"). All zeros means a hole.
+/// The 16 bytes that end a chunk's sealed value (its AES-GCM tag when sealed whole, its seal id when sealed in
+/// blocks): what a file's chunk map records for a position (docs/FORMAT.md, "The chunk map"). All zeros means a hole.
 public struct ChunkTag: Hashable, Sendable, CustomStringConvertible {
     public var high: UInt64
     public var low: UInt64

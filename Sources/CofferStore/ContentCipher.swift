@@ -8,12 +8,10 @@ public enum ChunkSealing: Sendable, Equatable {
     /// `coffer.chunk.v2`: 4 KiB blocks, each its own seal, tied together by the chunk's seal id.
     case blocks
 
-    public var transformerName: String { self == .whole ? ChunkTransformer.name : ChunkTransformer.blocksName }
-
     public init?(transformerName: String) {
         switch transformerName {
         case ChunkTransformer.name: self = .whole
-        case ChunkTransformer.blocksName: self = .blocks
+        case ChunkBlocksTransformer.name: self = .blocks
         default: return nil
         }
     }
@@ -28,7 +26,7 @@ public struct ContentCipher: Sendable {
     public let sealing: ChunkSealing
     private let aead: AESGCM
 
-    init(contentId: UInt64, aead: AESGCM, sealing: ChunkSealing = .blocks) {
+    init(contentId: UInt64, aead: AESGCM, sealing: ChunkSealing) {
         self.contentId = contentId
         self.aead = aead
         self.sealing = sealing
@@ -56,7 +54,7 @@ public struct ContentCipher: Sendable {
         return try result.get()
     }
 
-    /// Opens a whole chunk sealed for position `index` into `output` (at least chunk-size bytes); returns
+    /// Opens a whole chunk sealed for position `index` into `output` (at least its plaintext length); returns
     /// the plaintext length. Anything else (another file's, another position's, damaged) fails.
     public func open(_ sealed: UnsafeRawBufferPointer, index: UInt64, into output: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
         guard let length = plaintextLength(sealed), length <= output.count else {

@@ -108,8 +108,6 @@ public struct StoreStateTransformer: EntityTransformer {
 /// not stored inside; the plaintext is the chunk's bytes (at most the chunk size).
 public struct ChunkTransformer: EntityTransformer {
     public static let name = "coffer.chunk.v1"
-    /// The name of the same plaintext sealed in 4 KiB blocks (ChunkBlocksTransformer).
-    public static let blocksName = ChunkBlocksTransformer.name
     public static let kind = EntityKind.contentChunk
     public static let maxChunkSize = 1 << 20
     public init() {}

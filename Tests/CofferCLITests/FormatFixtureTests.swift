@@ -65,6 +65,13 @@ struct FormatFixtureTests {
         try #require(E2E.run(E2E.coffer, ["mount", copy, sb.mnt, "--passfile", sb.passfile], environment: env).ok)
         #expect(E2E.read(sb.mnt + "/sparse.bin") == sparse, "the copy reads what its source held")
         #expect(E2E.run(E2E.coffer, ["unmount", sb.mnt], environment: env).ok)
+        let form = fixture == "format-1" ? "coffer.chunk.v1" : "coffer.chunk.v2"
+        for store in [sb.container + "/store.db", copy + "/store.db"] {
+            let kinds = E2E.py(
+                "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT transformer FROM coffer_kinds WHERE kind = 3').fetchone()[0])",
+                [store])
+            #expect(kinds.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == form, "\(store): \(kinds)")
+        }
     }
 
     /// Every path under `root` (root itself as "."), recorded as the manifest records it.

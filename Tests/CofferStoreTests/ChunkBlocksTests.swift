@@ -160,6 +160,7 @@ struct ChunkBlocksTests {
         expectAuthFailure(.contentChunk) { try read(c, hugeValue, 0..<10) }
         // The same for a whole seal: a value longer than the largest chunk is not opened.
         let hugeWhole = [UInt8](repeating: 0, count: huge + 28)
+        #expect(hugeWhole.withUnsafeBytes { cipher(.whole).plaintextLength($0) } == nil)
         expectAuthFailure(.contentChunk) { try read(cipher(.whole), hugeWhole, 0..<10) }
     }
 

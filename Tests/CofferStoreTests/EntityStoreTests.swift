@@ -286,10 +286,11 @@ struct EntityStoreTests {
                 expectAuthFailure(.contentChunk) { _ = try out.withUnsafeMutableBytes { try cipher.open(c.sealed, index: c.index + 1, into: $0) } }
                 expectAuthFailure(.contentChunk) {
                     _ = try out.withUnsafeMutableBytes {
-                        try ContentCipher(contentId: file ^ 2, aead: keys.fileCipher(contentId: file)).open(c.sealed, index: c.index, into: $0)
+                        try ContentCipher(contentId: file ^ 2, aead: keys.fileCipher(contentId: file), sealing: .blocks).open(
+                            c.sealed, index: c.index, into: $0)
                     }
                 }
-                let otherFileCipher = ContentCipher(contentId: file, aead: try keys.fileCipher(contentId: file ^ 2))
+                let otherFileCipher = ContentCipher(contentId: file, aead: try keys.fileCipher(contentId: file ^ 2), sealing: .blocks)
                 expectAuthFailure(.contentChunk) {
                     _ = try out.withUnsafeMutableBytes { try otherFileCipher.open(c.sealed, index: c.index, into: $0) }
                 }
