@@ -7,6 +7,8 @@ import Glibc
 struct DaemonStatus: Equatable {
     var generation: UInt64
     var counts: StoreCounts
+    /// How the store seals chunks (`blocks=1|0`); nil from a daemon of a version that does not say.
+    var chunkSealing: ChunkSealing? = nil
 
     /// Daemon `pid`'s answer; nil when it has no control socket (an older version).
     static func ask(containerId: String, daemon pid: pid_t) throws -> DaemonStatus? {
@@ -22,7 +24,7 @@ struct DaemonStatus: Equatable {
         return status
     }
 
-    /// `generation=N inodes=N entries=N chunks=N xattrs=N`; nil when a field is missing or not a number.
+    /// `generation=N inodes=N entries=N chunks=N xattrs=N [blocks=1|0]`; nil when a field is missing or not a number.
     static func parse(_ text: String) -> DaemonStatus? {
         var fields: [String: UInt64] = [:]
         for pair in text.split(separator: " ") {
@@ -38,6 +40,6 @@ struct DaemonStatus: Equatable {
         counts.entries = Int(clamping: e)
         counts.chunks = Int(clamping: c)
         counts.xattrs = Int(clamping: x)
-        return DaemonStatus(generation: g, counts: counts)
+        return DaemonStatus(generation: g, counts: counts, chunkSealing: fields["blocks"].map { $0 == 1 ? .blocks : .whole })
     }
 }

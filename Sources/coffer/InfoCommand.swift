@@ -4,14 +4,17 @@ import Foundation
 
 struct InfoCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "info", abstract: "Show a container's format, cipher, key derivation and key slots; with a secret, also its contents' counts.")
+        commandName: "info",
+        abstract:
+            "Show a container's format, cipher, key derivation and key slots; with a secret, also its contents' counts and how its chunks are sealed."
+    )
 
     @Argument(help: "The container directory or postgresql:// URI.")
     var container: String
 
     @OptionGroup var secret: SecretOptions
 
-    @Flag(help: "Ask for the password (on a terminal) to show entity counts and store size.")
+    @Flag(help: "Ask for the password (on a terminal) to show entity counts, store size and chunk sealing.")
     var unlock = false
 
     func run() throws {
@@ -51,7 +54,9 @@ struct InfoCommand: ParsableCommand {
                             "                (no control socket of that daemon found for this user: unmount it to see entity counts and store size)")
                         return
                     }
-                    printState(generation: status.generation, counts: status.counts, size: SQLiteBackend.sizeOnDisk(path: try c.storePath()))
+                    printState(
+                        generation: status.generation, counts: status.counts, size: SQLiteBackend.sizeOnDisk(path: try c.storePath()),
+                        sealing: status.chunkSealing)
                     return
                 }
             case .postgres:
@@ -60,12 +65,18 @@ struct InfoCommand: ParsableCommand {
             }
             let store = try c.openStore(keys: keys, readOnly: true)
             defer { store.close() }
-            printState(generation: store.generation, counts: try store.counts(), size: store.sizeOnDisk)
+            printState(generation: store.generation, counts: try store.counts(), size: store.sizeOnDisk, sealing: store.chunkSealing)
         }
     }
 
-    func printState(generation: UInt64, counts: StoreCounts, size: UInt64) {
+    func printState(generation: UInt64, counts: StoreCounts, size: UInt64, sealing: ChunkSealing?) {
         print("Generation:     \(generation)")
+        // Stores made before 2026-11-28 seal chunks whole; a new container (and files copied into it) gets blocks.
+        switch sealing {
+        case .blocks: print("Chunk sealing:  in 4 KiB blocks (coffer.chunk.v2)")
+        case .whole: print("Chunk sealing:  whole chunks (coffer.chunk.v1, made before 2026-11-28)")
+        case nil: break
+        }
         print(
             "Entities:       \(counts.inodes) inodes, \(counts.entries) directory entries, \(counts.chunks) content chunks, \(counts.xattrs) xattrs"
         )

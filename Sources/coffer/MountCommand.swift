@@ -268,9 +268,10 @@ struct MountCommand: ParsableCommand {
                             throw CLIFailure(message: ControlSocket.noRoomForSnapshot, code: ExitStatus.failure)
                         }
                     },
-                    status: { [fs] in
+                    status: { [fs, store] in
                         let (generation, n) = try fs.committedCounts()
                         return "generation=\(generation) inodes=\(n.inodes) entries=\(n.entries) chunks=\(n.chunks) xattrs=\(n.xattrs)"
+                            + " blocks=\(store.chunkSealing == .blocks ? 1 : 0)"
                     })
             }
             return prepared

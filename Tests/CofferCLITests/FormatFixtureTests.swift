@@ -66,6 +66,8 @@ struct FormatFixtureTests {
         #expect(E2E.read(sb.mnt + "/sparse.bin") == sparse, "the copy reads what its source held")
         #expect(E2E.run(E2E.coffer, ["unmount", sb.mnt], environment: env).ok)
         let form = fixture == "format-1" ? "coffer.chunk.v1" : "coffer.chunk.v2"
+        let info = E2E.run(E2E.coffer, ["info", copy, "--passfile", sb.passfile], environment: env)
+        #expect(info.ok && info.stdout.contains("Chunk sealing:") && info.stdout.contains("(\(form)"), "\(info)")
         for store in [sb.container + "/store.db", copy + "/store.db"] {
             let kinds = E2E.py(
                 "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT transformer FROM coffer_kinds WHERE kind = 3').fetchone()[0])",

@@ -360,6 +360,7 @@ struct MountTests {
         #expect(mounted.ok && mounted.stdout.contains("Mounted:        by daemon pid \(pid)"), "\(mounted)")
         #expect(mounted.stdout.contains("Unlocked by:") && mounted.stdout.contains("Generation:"), "\(mounted)")
         #expect(mounted.stdout.contains("Entities:       3 inodes, 2 directory entries, 2 content chunks"), "\(mounted)")
+        #expect(mounted.stdout.contains("Chunk sealing:  in 4 KiB blocks (coffer.chunk.v2)"), "the daemon tells the form: \(mounted)")
         let wrong = sb.root + "/wrong-pass"
         try E2E.write(wrong, "not the password\n")
         chmod(wrong, 0o600)
@@ -371,6 +372,7 @@ struct MountTests {
         #expect(count.ok && count.stdout == "3\n", "\(count)")
         let info = E2E.coffer(["info", sb.container, "--passfile", sb.passfile])
         #expect(info.ok && info.stdout.contains("Entities:       3 inodes") && !info.stdout.contains("Mounted:"), "\(info)")
+        #expect(info.stdout.contains("Chunk sealing:  in 4 KiB blocks (coffer.chunk.v2)"), "\(info)")
     }
 
     /// Someone truncates `store.db` while it is mounted (a sync client replacing it, an attacker): the
