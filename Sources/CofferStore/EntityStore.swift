@@ -77,6 +77,8 @@ public final class EntityStore: @unchecked Sendable {
         self.backend = backend
         self.keys = keys
         self.sealer = EntitySealer(registry: registry)
+        // What a new store gets; an opened store's own row says (checkSchema).
+        if let name = registry.transformerName(for: .contentChunk), let sealing = ChunkSealing(transformerName: name) { chunkSealing = sealing }
     }
 
     // MARK: Opening
