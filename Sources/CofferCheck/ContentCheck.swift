@@ -97,6 +97,9 @@ struct ContentCheck {
         // Per-file keys do not outlive their file's check.
         defer { cipher.wipe() }
         var kept: [UInt64: ChunkTag] = [:]
+        // Chunks sealed in blocks that are the map's (seal id) but fail in some blocks: the blocks that open, with
+        // zeros for the others, to seal again; the byte ranges of the blocks that failed.
+        var salvaged: [UInt64: [UInt8]] = [:], lostBlocks: [Range<UInt64>] = []
         var seen = Set<UInt64>()
         var drop: [UInt64] = [], lost: [UInt64] = []
         var pastEnd: [UInt64] = [], atHole: [UInt64] = [], replaced: [UInt64] = [], broken: [UInt64] = []
@@ -137,6 +140,11 @@ struct ContentCheck {
             }
             guard opens else {
                 broken.append(idx)
+                if let (plain, failed) = Self.salvage(sealed, index: idx, cipher: cipher) {
+                    salvaged[idx] = plain
+                    lostBlocks += failed.map { idx * cs + UInt64($0.lowerBound)..<idx * cs + UInt64($0.upperBound) }
+                    return
+                }
                 drop.append(idx)
                 lost.append(idx)
                 return
@@ -146,7 +154,7 @@ struct ContentCheck {
         let missing = map.keys.filter { $0 < end && !seen.contains($0) }.sorted()
         lost += missing
 
-        let ranges = Self.byteRanges(lost.sorted(), chunkSize: cs, size: r.size)
+        let ranges = Self.merged(Self.byteRanges(lost.sorted(), chunkSize: cs, size: r.size) + lostBlocks, size: r.size)
         let rangeText = ranges.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ", ")
         if !missing.isEmpty {
             problem(
@@ -161,7 +169,9 @@ struct ContentCheck {
         if !broken.isEmpty {
             problem(
                 .chunkDamaged, "chunk row(s) \(Self.list(broken)) fail authentication under the file key",
-                "drop them and make those positions holes (zeros)")
+                salvaged.isEmpty
+                    ? "drop them and make those positions holes (zeros)"
+                    : "keep the 4 KiB blocks that open, make the others zeros, and seal those chunks again; drop the rest")
         }
         if !atHole.isEmpty {
             problem(.chunkAtHole, "chunk row(s) \(Self.list(atHole)) are stored where the map has a hole", "drop them")
@@ -181,7 +191,42 @@ struct ContentCheck {
                     repair: "keep them (verify the file's content)"))
         }
         if !out.problems.isEmpty || !drop.isEmpty {
-            out.fix = ContentFix(file: file, tags: kept, deleteRows: drop, lost: ranges, path: path)
+            out.fix = ContentFix(file: file, tags: kept, deleteRows: drop, reseal: salvaged, lost: ranges, path: path)
+        }
+        return out
+    }
+
+    /// What can be kept of a chunk sealed in blocks that fails as a whole but is the one the map names: its
+    /// plaintext with the blocks that fail as zeros, and their offsets in the chunk; nil when it is sealed whole,
+    /// its layout is not one a seal has, or no block opens.
+    static func salvage(_ sealed: UnsafeRawBufferPointer, index: UInt64, cipher: ContentCipher) -> ([UInt8], [Range<Int>])? {
+        guard cipher.sealing == .blocks, let length = cipher.plaintextLength(sealed) else { return nil }
+        var plain = [UInt8](repeating: 0, count: length)
+        var failed: [Range<Int>] = []
+        for from in stride(from: 0, to: length, by: ContentCipher.blockSize) {
+            let block = from..<min(length, from + ContentCipher.blockSize)
+            let opened = plain.withUnsafeMutableBytes { p in
+                (try? cipher.open(sealed, index: index, bytes: block, into: UnsafeMutableRawBufferPointer(rebasing: p[block]))) != nil
+            }
+            if !opened {
+                plain.replaceSubrange(block, with: repeatElement(0, count: block.count))
+                failed.append(block)
+            }
+        }
+        return failed.count < ContentCipher.blockCount(length) ? (plain, failed) : nil
+    }
+
+    /// Byte ranges sorted, merged where they touch, and cut at the file's size.
+    static func merged(_ ranges: [Range<UInt64>], size: UInt64) -> [Range<UInt64>] {
+        var out: [Range<UInt64>] = []
+        for r in ranges.sorted(by: { $0.lowerBound < $1.lowerBound }) {
+            let r = r.lowerBound..<min(r.upperBound, size)
+            guard !r.isEmpty else { continue }
+            if let last = out.last, last.upperBound >= r.lowerBound {
+                out[out.count - 1] = last.lowerBound..<max(last.upperBound, r.upperBound)
+            } else {
+                out.append(r)
+            }
         }
         return out
     }

@@ -30,11 +30,13 @@ struct RepairPlan: Sendable {
     var lostFoundNames: Set<[UInt8]> = []
 }
 
-/// A file's content after repair: the positions whose chunks passed (their tags) and the rows to drop.
+/// A file's content after repair: the positions whose chunks passed (their tags), the rows to drop, and the
+/// plaintext of damaged chunks sealed in blocks whose other blocks were kept (sealed again by the repair).
 struct ContentFix: Sendable {
     let file: UInt64
     let tags: [UInt64: ChunkTag]
     let deleteRows: [UInt64]
+    let reseal: [UInt64: [UInt8]]
     let lost: [Range<UInt64>]
     let path: String?
 }

@@ -96,8 +96,19 @@ public enum Repairer {
         for (ino, fix) in plan.contentFixes.sorted(by: { $0.key < $1.key }) {
             guard var r = records[ino] else { continue }
             for idx in fix.deleteRows { try store.backend.deleteChunkRow(file: fix.file, index: idx) }
-            r.chunkMap = try ChunkMapBuilder.write(fix.tags, file: fix.file, store: store)
-            r.chunkCount = UInt64(fix.tags.count)
+            var tags = fix.tags
+            if !fix.reseal.isEmpty {
+                let cipher = try store.contentCipher(contentId: fix.file)
+                defer { cipher.wipe() }
+                for (idx, plain) in fix.reseal.sorted(by: { $0.key < $1.key }) {
+                    let sealed = try cipher.seal(plain, index: idx)
+                    guard let tag = ChunkTag(sealed: sealed) else { continue }
+                    try store.putChunks(file: fix.file, [(idx, sealed)])
+                    tags[idx] = tag
+                }
+            }
+            r.chunkMap = try ChunkMapBuilder.write(tags, file: fix.file, store: store)
+            r.chunkCount = UInt64(tags.count)
             records[ino] = r
             changed.insert(ino)
             let at = fix.path ?? "inode \(ino)"
@@ -106,7 +117,9 @@ public enum Repairer {
             } else {
                 summary.lostRanges.append(LostRange(path: fix.path, inode: ino, ranges: fix.lost))
                 let text = fix.lost.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ", ")
-                summary.actions.append("\(at): damaged chunks are now holes (zeros); bytes lost: \(text)")
+                summary.actions.append(
+                    "\(at): damaged \(fix.reseal.isEmpty ? "chunks are" : "chunks (or their damaged 4 KiB blocks) are") now zeros; bytes lost: \(text)"
+                )
             }
         }
 

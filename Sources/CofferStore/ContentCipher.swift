@@ -138,7 +138,8 @@ public struct ContentCipher: Sendable {
 
     // MARK: Blocks (coffer.chunk.v2)
 
-    static func blockCount(_ length: Int) -> Int { max(1, (length + blockSize - 1) / blockSize) }
+    /// Blocks of a chunk of `length` bytes (at least one: every chunk carries a tag).
+    public static func blockCount(_ length: Int) -> Int { max(1, (length + blockSize - 1) / blockSize) }
 
     private func sealBlocks(_ plaintext: UnsafeRawBufferPointer, index: UInt64) throws -> [UInt8] {
         guard plaintext.count <= ChunkTransformer.maxChunkSize else { throw CryptoError.invalidParameter("chunk too large") }

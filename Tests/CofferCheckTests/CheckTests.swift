@@ -71,6 +71,37 @@ import CofferStoreTestSupport
         #expect(attr.nlink == 2)
     }
 
+    /// Chunks sealed in 4 KiB blocks: a byte flipped in one block of a 32 KiB chunk loses that block only. The repair
+    /// keeps the chunk's other blocks, seals it again with zeros in the damaged block, and reports 4 KiB lost.
+    @Test func aDamagedBlockLosesOnlyItsFourKiB() throws {
+        let fx = try CheckFixture(chunkSize: 32768)
+        defer { fx.cleanup() }
+        var g = SplitMix64(seed: 24)
+        let big = g.bytes(3 * 32768 + 100)
+        let ino = try fx.file("big.bin", big)
+        fx.unmount()
+        try fx.edit { store in
+            let file = try required(try store.inode(ino)?.contentId)
+            var sealed = try required(try store.sealedChunks(file: file, first: 1, last: 1).first?.sealed)
+            #expect(sealed.count == 32768 + 8 * 16 + 16)
+            sealed[2 * 4112 + 5] ^= 0x40  // block 2 of chunk 1: file bytes 40960..<45056
+            try store.execute(
+                "UPDATE chunks SET value = ?, seg = NULL, off = NULL, len = NULL WHERE file = ? AND idx = 1",
+                [Data(sealed), Int64(bitPattern: file)])
+        }
+
+        let r = try fx.check()
+        #expect(has(r, .chunkDamaged, path: "/big.bin", inode: ino), "\(kinds(r))")
+        #expect(r.problems.first?.detail.contains("unreadable bytes: 40960-45056") == true, "\(kinds(r))")
+        let summary = try fx.repairAndRecheck(r)
+        #expect(summary.lostRanges.first?.ranges == [UInt64(40960)..<UInt64(45056)])
+
+        try fx.mount()
+        var expected = big
+        for i in 40960..<45056 { expected[i] = 0 }
+        #expect(try fx.contents("/big.bin") == expected, "the chunk's other blocks are kept, the damaged one reads as zeros")
+    }
+
     /// A chain of 40,000 directories with a damaged file at the bottom: the check names the file's whole
     /// path and keeps no path it does not report. It kept every directory's path as a string: depth²
     /// bytes, 24 GB and an out-of-memory kill at this depth (`coffer fsck` of such a container).
