@@ -154,7 +154,7 @@ struct ContentCheck {
         let missing = map.keys.filter { $0 < end && !seen.contains($0) }.sorted()
         lost += missing
 
-        let ranges = Self.merged(Self.byteRanges(lost.sorted(), chunkSize: cs, size: r.size) + lostBlocks, size: r.size)
+        let ranges = Self.merged(Self.byteRanges(lost, chunkSize: cs, size: r.size) + lostBlocks, size: r.size)
         let rangeText = ranges.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ", ")
         if !missing.isEmpty {
             problem(
@@ -231,16 +231,12 @@ struct ContentCheck {
         return out
     }
 
-    /// Chunk positions as merged byte ranges of the file.
+    /// Chunk positions as byte ranges of the file, cut at its size (`merged` joins them).
     static func byteRanges(_ positions: [UInt64], chunkSize cs: UInt64, size: UInt64) -> [Range<UInt64>] {
-        var out: [Range<UInt64>] = []
-        for i in positions {
-            let (start, o1) = i.multipliedReportingOverflow(by: cs)
-            guard !o1, start < size else { continue }
-            let stop = min(size, start + cs)
-            if let last = out.last, last.upperBound == start { out[out.count - 1] = last.lowerBound..<stop } else { out.append(start..<stop) }
+        positions.compactMap { i in
+            let (start, overflow) = i.multipliedReportingOverflow(by: cs)
+            return overflow || start >= size ? nil : start..<min(size, start + cs)
         }
-        return out
     }
 
     /// The first few numbers of a list, for a report line.

@@ -76,9 +76,13 @@ final class RequestReader: Sendable {
 
     /// Polls `fd` and the interrupt eventfd; false once interrupted, or when a signal cut the wait short.
     private func waitFor(_ fd: Int32, timeout: Int32) -> Bool {
-        var p = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0), pollfd(fd: interrupted, events: Int16(POLLIN), revents: 0)]
-        if poll(&p, interrupted >= 0 ? 2 : 1, timeout) < 0 && errno == EINTR { return false }
-        return !stopped.load(ordering: .acquiring)
+        // On the stack: every sleep of a worker passes here.
+        let cut = withUnsafeTemporaryAllocation(of: pollfd.self, capacity: 2) { p in
+            p[0] = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            p[1] = pollfd(fd: interrupted, events: Int16(POLLIN), revents: 0)
+            return poll(p.baseAddress, interrupted >= 0 ? 2 : 1, timeout) < 0 && errno == EINTR
+        }
+        return !cut && !stopped.load(ordering: .acquiring)
     }
 
     /// One request into `buf`, as read(2) returns it. Blocks until one comes (or the device fails).

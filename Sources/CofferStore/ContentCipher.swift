@@ -100,7 +100,8 @@ public struct ContentCipher: Sendable {
                 }
                 return length
             case .blocks:
-                return try openBlocks(sealed, index: index, bytes: bytes, into: output)
+                try openBlocks(sealed, length: length, index: index, bytes: bytes, into: output)
+                return length
             }
         } catch let error as StoreError {
             throw error
@@ -164,10 +165,10 @@ public struct ContentCipher: Sendable {
         }
     }
 
+    /// `length`: what `plaintextLength` found for `sealed` (its layout is checked there).
     private func openBlocks(
-        _ sealed: UnsafeRawBufferPointer, index: UInt64, bytes: Range<Int>, into output: UnsafeMutableRawBufferPointer
-    ) throws -> Int {
-        guard let length = plaintextLength(sealed) else { throw CryptoError.authenticationFailed }
+        _ sealed: UnsafeRawBufferPointer, length: Int, index: UInt64, bytes: Range<Int>, into output: UnsafeMutableRawBufferPointer
+    ) throws {
         let sealId = UnsafeRawBufferPointer(rebasing: sealed[(sealed.count - Self.sealIdSize)...])
         // The blocks the asked bytes lie in; none when they all lie past L (they read as zeros), but then the last
         // block is still opened, so a value cut short (which states a smaller L only if its seal id was forged) fails.
@@ -196,7 +197,6 @@ public struct ContentCipher: Sendable {
                 }
             }
         }
-        return length
     }
 
     /// Calls `body` with a function that gives block j's nonce (N with j XORed into its last four bytes) and
