@@ -321,7 +321,10 @@ public final class Container: @unchecked Sendable {
             defer { backend.close() }
             try EntityStore.initialize(backend, keys: keys, registry: .standard)
             return (container, keys, recoveryText)
-        } catch let e as ContainerError { throw e } catch {
+        } catch let e as ContainerError { throw e } catch StoreError.unavailable(let why) {
+            // The one transaction did not commit: nothing was made, and the user retries (status 19).
+            throw .unreachable(location.display, why)
+        } catch {
             throw .io("\(location.display): cannot create the container: \(error)")
         }
     }

@@ -49,7 +49,9 @@ final class ContainerClaim: @unchecked Sendable {
             do {
                 return ContainerClaim(lock: nil, lease: try PostgresLease.take(p, purpose: purpose, machine: machineId))
             } catch PostgresLease.Failure.held(let h) { throw alreadyMounted(c, h, purpose: purpose) } catch {
-                throw CLIFailure(message: "\(p.display): \(error)", code: ExitStatus.failure)
+                // The header was read a moment ago: a server gone since is status 19, as at the header.
+                let gone = if case PostgresLease.Failure.unavailable = error { true } else { false }
+                throw CLIFailure(message: "\(p.display): \(error)", code: gone ? ExitStatus.serverUnreachable : ExitStatus.failure)
             }
         }
     }

@@ -223,6 +223,12 @@ struct MountCommand: ParsableCommand {
                 // mount's may be open files.
                 fsOptions.removesOrphans = (lock.lease?.othersAtStart ?? 0) == 0 && (opts.readOnly || store.isAlone)
             }
+            // The root, read once here: a server gone at this moment is status 19, an entity that fails to open
+            // names itself (13); the filesystem's own check below can only say that the root does not open.
+            do { _ = try store.inode(EntityStore.rootInode) } catch {
+                store.close()
+                throw CLIFailure.from(error)
+            }
             let fs: CofferFileSystem
             do {
                 fs = try CofferFileSystem(
