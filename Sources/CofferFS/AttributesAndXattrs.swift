@@ -104,6 +104,7 @@ extension CofferFileSystem {
         guard name.count > Self.userPrefix.count else { throw .invalid }
         guard name.count <= ExtendedAttributeRecord.maxNameLength else { throw .range }
         guard value.count <= ExtendedAttributeRecord.maxValueLength else { throw FSError(E2BIG) }
+        try checkRoomForEntities(name.count + value.count)
         try meta.withLock { () throws(FSError) in
             let s = try state(ino)
             guard !s.isSymlink else { throw .permission }

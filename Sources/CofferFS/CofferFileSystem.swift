@@ -86,7 +86,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Set by the store's `onRollback` (on whatever thread hit it): the errno the lost changes report.
     private let rolledBack = Mutex<FSError?>(nil)
     private var stopped = false
-    /// Regular files whose changes a dropped group took, until an fsync reports it or the file is removed.
+    /// Files and directories whose changes a dropped group took, until an fsync reports it or they are removed.
     /// Under meta.
     var unheardLosses = Set<InodeNumber>()
     /// Regular files written into the open group as the kernel forgot them (`release`): a drop loses their
@@ -189,7 +189,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         meta.withLock {
             guard finalFailure == nil, !unheardLosses.isEmpty else { return }
             let why =
-                "changes to \(unheardLosses.count) file(s) were lost while mounted (the store dropped a group they were in) and no fsync reported it"
+                "changes to \(unheardLosses.count) file(s) or directories were lost while mounted (the store dropped a group they were in) and no fsync reported it"
             logger.warning("\(why)")
             lossWarning = why
         }
@@ -356,7 +356,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         for (ino, s) in inodes {
             if s.dirty {
                 s.writeError = error
-                if s.isRegular { unheardLosses.insert(ino) }
+                unheardLosses.insert(ino)
             }
             s.dropChunkMap()
             let stored: InodeRecord?

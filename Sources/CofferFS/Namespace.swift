@@ -152,13 +152,15 @@ extension CofferFileSystem {
     public func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes {
         let type = mode & UInt32(S_IFMT)
         guard [S_IFREG, S_IFIFO, S_IFCHR, S_IFBLK, S_IFSOCK].contains(where: { UInt32($0) == type }) else { throw .invalid }
+        try checkRoomForEntities()
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(try makeNode(parent: parent, name: name, mode: mode, rdev: rdev, caller: caller))
         }
     }
 
     public func mkdir(parent: InodeNumber, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes {
-        try meta.withLock { () throws(FSError) -> Attributes in
+        try checkRoomForEntities()
+        return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(try makeNode(parent: parent, name: name, mode: UInt32(S_IFDIR) | (mode & 0o7777), caller: caller))
         }
     }
@@ -170,6 +172,7 @@ extension CofferFileSystem {
             options.plainSymlinks
             ? .verbatim(target)
             : options.symlinkRoot.map { ContainerPathTransformer.store(target, root: Array($0.utf8)) } ?? .verbatim(target)
+        try checkRoomForEntities(target.count)
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(
                 try makeNode(
@@ -203,6 +206,7 @@ extension CofferFileSystem {
     public func link(_ ino: InodeNumber, newParent: InodeNumber, newName: [UInt8]) throws(FSError) -> Attributes {
         try checkWritable()
         try Self.validate(name: newName)
+        try checkRoomForEntities()
         return try locked { () throws(FSError) -> Attributes in
             let s = try state(ino)
             guard !s.isDirectory else { throw .permission }
@@ -438,8 +442,13 @@ extension CofferFileSystem {
 
     public func releasedir(_ ino: InodeNumber, handle: HandleID) {}
 
+    /// As fsync: a directory whose changes a dropped group took reports it once.
     public func fsyncdir(_ ino: InodeNumber, handle: HandleID, dataOnly: Bool) throws(FSError) {
-        try commit()
+        do { try commit() } catch {
+            heardLoss(ino)
+            throw error
+        }
+        try checkWriteError(ino)
     }
 }
 
