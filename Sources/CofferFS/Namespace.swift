@@ -152,6 +152,7 @@ extension CofferFileSystem {
     public func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes {
         let type = mode & UInt32(S_IFMT)
         guard [S_IFREG, S_IFIFO, S_IFCHR, S_IFBLK, S_IFSOCK].contains(where: { UInt32($0) == type }) else { throw .invalid }
+        try Self.validate(name: name)
         try checkRoomForEntities()
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(try makeNode(parent: parent, name: name, mode: mode, rdev: rdev, caller: caller))
@@ -159,6 +160,7 @@ extension CofferFileSystem {
     }
 
     public func mkdir(parent: InodeNumber, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes {
+        try Self.validate(name: name)
         try checkRoomForEntities()
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(try makeNode(parent: parent, name: name, mode: UInt32(S_IFDIR) | (mode & 0o7777), caller: caller))
@@ -172,6 +174,7 @@ extension CofferFileSystem {
             options.plainSymlinks
             ? .verbatim(target)
             : options.symlinkRoot.map { ContainerPathTransformer.store(target, root: Array($0.utf8)) } ?? .verbatim(target)
+        try Self.validate(name: name)
         try checkRoomForEntities(target.count)
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(

@@ -62,8 +62,12 @@ extension CofferFileSystem {
 
     /// Refuses (ENOSPC) a change that adds entities when the disk has no room for them, as ext4 refuses
     /// mkdir on a full disk. Without it, 3,000 mkdirs on a full disk were each answered and then lost with
-    /// the group that could not commit (a tester's find). Call outside `meta`: it may commit.
-    func checkRoomForEntities(_ extra: Int = 0) throws(FSError) { try checkRoom(for: Self.entityBytes + extra) }
+    /// the group that could not commit (a tester's find). A read-only mount says EROFS first, as ext4 does.
+    /// Call outside `meta`: it may commit.
+    func checkRoomForEntities(_ extra: Int = 0) throws(FSError) {
+        try checkWritable()
+        try checkRoom(for: Self.entityBytes + extra)
+    }
 
     /// Refuses (ENOSPC) an allocation of `bytes` past a file's end that the disk cannot hold now, looking
     /// at the disk every time: one fallocate can ask for more than all the writes between two checks.

@@ -339,7 +339,7 @@ extension MountCommand {
                 store.close()
                 throw CLIFailure(
                     message:
-                        "the store is older than the one this machine last saw (generation \(store.generation) < \(last)): it was replaced by an older copy of itself (rollback) or restored from a backup; mount with --allow-rollback (-o allow_rollback) to accept it",
+                        "the store is older than the one this machine last saw (generation \(store.generation) < \(last)): it was replaced by an older copy of itself (rollback) or restored from a backup, or a copy of it (`coffer copy`: the same container) was mounted and changed since; mount with --allow-rollback (-o allow_rollback) to accept it",
                     code: ExitStatus.rollback)
             }
             logger.warning("mounting a store older than the last seen (generation \(store.generation) < \(last)) as asked")
