@@ -90,6 +90,35 @@ final class ChunkMap {
         return out
     }
 
+    /// The first position of `from...last` that holds a chunk (`data`) or is a hole (`!data`); nil when there is
+    /// none. A page the map does not list holds only holes and is not read, so a huge hole costs nothing.
+    func first(data: Bool, from: UInt64, through last: UInt64, store: EntityStore) throws(StoreError) -> UInt64? {
+        var index = from
+        while index <= last {
+            let p = index / Self.perPage
+            let pageEnd = min(last, p * Self.perPage + (Self.perPage - 1))
+            if isListed(p) {
+                let tags = try page(p, store: store)
+                for i in index...pageEnd {
+                    let j = Int(i % Self.perPage)
+                    if (j < tags.count && !tags[j].isHole) == data { return i }
+                }
+            } else if !data {
+                return index
+            }
+            guard pageEnd < last else { return nil }
+            index = pageEnd + 1
+        }
+        return nil
+    }
+
+    /// Whether page `p` may hold a tag: loaded, or stored and not dropped by a truncation.
+    private func isListed(_ p: UInt64) -> Bool {
+        if pages[p] != nil { return true }
+        if let from = droppedFrom, p >= from { return false }
+        return storedInline != nil ? p == 0 : storedPages[p] != nil
+    }
+
     /// Records the tag now stored at a position (`.hole` when its chunk was deleted); returns the
     /// tag it replaces.
     @discardableResult

@@ -649,6 +649,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             for s in dying.values where s.dirty { try persist(s) }
             forgetHeldTails()  // every tail was stored with its dirty file
             try store.commit(durable: durable)
+            roomCheck.withLock { $0.entityBytes = 0 }
             forgottenInGroup.removeAll()
             applyLostCommits()  // heard at this group's begin: its files were marked before they were written again
             if durable { writtenSinceDurable.removeAll() }
@@ -658,6 +659,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
                 // Written into the group just lost: as dirty as before, so that their next fsync (and, unheard,
                 // the unmount) reports the loss. A later fsync of such a file used to succeed.
                 for s in written where !s.deleted { s.dirty = true }
+                roomCheck.withLock { $0.entityBytes = 0 }  // what was made went with the group
                 reloadAfterRollback(e)
             }
             throw e

@@ -52,6 +52,9 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError)
     /// mode: 0 or FALLOC_FL_KEEP_SIZE (1); others give EOPNOTSUPP.
     func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError)
+    /// lseek's SEEK_DATA (3) or SEEK_HOLE (4) from `offset`: where the next data or hole begins; ENXIO at or past
+    /// the end. ENOSYS (the default) leaves both to the kernel: data everywhere, one hole at the end.
+    func seek(_ ino: InodeNumber, offset: UInt64, whence: Int32) throws(FSError) -> UInt64
 
     func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID
     /// Entries after cookie `offset` (0 = from the start, "." and ".." included), at most `limit` of them.
@@ -112,6 +115,7 @@ public protocol FileSystemOperations: AnyObject, Sendable {
 }
 
 extension FileSystemOperations {
+    public func seek(_ ino: InodeNumber, offset: UInt64, whence: Int32) throws(FSError) -> UInt64 { throw FSError(ENOSYS) }
     public func onChangedElsewhere(_ handler: @escaping @Sendable ([InodeNumber]) -> Void) {}
     public func kernelNames(_ inodes: [InodeNumber]) -> [(parent: InodeNumber, name: [UInt8])] { [] }
     public var opensWithoutHandles: Bool { false }

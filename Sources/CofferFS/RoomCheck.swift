@@ -5,6 +5,9 @@ struct RoomCheck {
     var at: ContinuousClock.Instant = .now
     var bytesSince = 0
     var low = true
+    /// What the names and xattrs made since the last commit will take (`entityBytes` each): their records
+    /// reach the store only at the commit, so the store's count of pending bytes does not hold them yet.
+    var entityBytes = 0
 }
 
 extension CofferFileSystem {
@@ -67,6 +70,7 @@ extension CofferFileSystem {
     func checkRoomForEntities(_ extra: Int = 0) throws(FSError) {
         try checkWritable()
         try checkRoom(for: Self.entityBytes + extra)
+        roomCheck.withLock { $0.entityBytes += Self.entityBytes + extra }
     }
 
     /// Refuses (ENOSPC) an allocation of `bytes` past a file's end that the disk cannot hold now, looking
@@ -80,6 +84,7 @@ extension CofferFileSystem {
     }
 
     private func hasRoom(for count: Int) -> Bool {
-        store.hasRoom(forWrite: count, more: Int64(meta.withLock { heldTailBytes }) + Self.roomMargin)
+        let held = meta.withLock { heldTailBytes } + roomCheck.withLock { $0.entityBytes }
+        return store.hasRoom(forWrite: count, more: Int64(held) + Self.roomMargin)
     }
 }

@@ -188,6 +188,9 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError) {
         try change { () throws(FSError) in try fs.fallocate(ino, handle: .none, mode: mode, offset: offset, length: length) }
     }
+    public func seek(_ ino: InodeNumber, offset: UInt64, whence: Int32) throws(FSError) -> UInt64 {
+        try rereading { () throws(FSError) in try fs.seek(ino, offset: offset, whence: whence) }
+    }
 
     // MARK: Directories
 

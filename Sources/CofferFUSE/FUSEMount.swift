@@ -230,7 +230,8 @@ public final class FUSEMount: @unchecked Sendable {
         let ctx = FUSEContext(
             fs: filesystem, logger: logger, maxWrite: min(options.maxWrite, 1 << 20),
             writebackRequested: options.writebackCache, connOptions: parsed,
-            killPrivV2: options.killPrivV2, ioUring: options.ioUring, countsActivity: options.idleUnmount != nil)
+            killPrivV2: options.killPrivV2, ioUring: options.ioUring, countsActivity: options.idleUnmount != nil,
+            maxThreads: options.maxThreads)
         context = ctx
 
         var ops = LowLevelOps.make(sharesLocks: filesystem.sharesLocks)

@@ -47,6 +47,7 @@ enum LowLevelOps {
         ops.removexattr = { req, ino, name in LowLevelOps.removexattr(req, ino, name) }
         ops.create = { req, parent, name, mode, fi in LowLevelOps.create(req, parent, name, mode, fi) }
         ops.fallocate = { req, ino, mode, off, len, fi in LowLevelOps.fallocate(req, ino, mode, off, len, fi) }
+        ops.lseek = { req, ino, off, whence, fi in LowLevelOps.lseek(req, ino, off, whence, fi) }
         if sharesLocks {
             // Locks shared with other mounts (LowLevelOps+Locks): every close must reach us with its owner.
             ops.getlk = { req, ino, fi, lock in LowLevelOps.getlk(req, ino, fi, lock) }

@@ -322,7 +322,8 @@ public final class Container: @unchecked Sendable {
             try EntityStore.initialize(backend, keys: keys, registry: .standard)
             return (container, keys, recoveryText)
         } catch let e as ContainerError { throw e } catch StoreError.unavailable(let why) {
-            // The one transaction did not commit: nothing was made, and the user retries (status 19).
+            // The server went away mid-create: status 19, the user retries (a create that did commit before the
+            // connection dropped is then refused as existing).
             throw .unreachable(location.display, why)
         } catch {
             throw .io("\(location.display): cannot create the container: \(error)")

@@ -23,11 +23,14 @@ public final class PostgresLease: @unchecked Sendable {
 
     public enum Failure: Error, CustomStringConvertible {
         case held(Holder)
+        /// The server cannot be reached (or the connection was lost): worth a retry.
         case unavailable(String)
+        /// The server answered with an error (a missing table, a role without the right).
+        case refused(String)
         public var description: String {
             switch self {
             case .held(let h): return "the container is already in use (\(h))"
-            case .unavailable(let why): return "cannot take the container's lease: \(why)"
+            case .unavailable(let why), .refused(let why): return "cannot take the container's lease: \(why)"
             }
         }
     }
@@ -65,7 +68,10 @@ public final class PostgresLease: @unchecked Sendable {
     public static func take(_ location: PostgresLocation, purpose: String, machine: String) throws(Failure) -> PostgresLease {
         let me = Holder(holder: randomHex(16), host: hostName(), pid: getpid(), machine: machine, purpose: purpose)
         let c: PGConnection
-        do { c = try PGConnection(location.conninfo) } catch { throw .unavailable("\(error)") }
+        do { c = try PGConnection(location.conninfo) } catch {
+            if let e = error as? PGError, e.loginRefused { throw .refused("\(error)") }
+            throw .unavailable("\(error)")
+        }
         let lease = PostgresLease(location, me: me, connection: c)
         // Containers made before several mounts were allowed get the table (a role that may not create it fails below).
         try? c.executeScript(lease.sql.createLeases)
@@ -76,7 +82,8 @@ public final class PostgresLease: @unchecked Sendable {
             }
         } catch let f as Failure { throw f } catch {
             c.close()
-            throw .unavailable("\(error)")
+            if let e = error as? PGError, e.isConnectionLoss, !e.loginRefused { throw .unavailable("\(error)") }
+            throw .refused("\(error)")
         }
         return lease
     }
