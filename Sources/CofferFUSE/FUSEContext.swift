@@ -26,6 +26,8 @@ final class FUSEContext: @unchecked Sendable {
     let kernelNotifier = KernelNotifier()
     /// Blocking lock requests parked off the workers (filesystems that share locks only).
     let lockWaiters = LockWaiters()
+    /// SEEK_DATA and SEEK_HOLE under the writeback cache, answered off the workers.
+    let seekFlusher = SeekFlusher()
     /// Whether requests are counted in `activity` (only when a mount unmounts itself when idle: `-o idle=`).
     let countsActivity: Bool
     /// Requests that were use, answered so far (`LowLevelOps.serve`); read by `FUSEMount`'s idle watcher.
@@ -115,30 +117,10 @@ final class FUSEContext: @unchecked Sendable {
         }
     }
 
-    /// Has the kernel write back, then drop, its pages of `ino` from `offset` on (FUSE_NOTIFY_INVAL_INODE launders
-    /// dirty pages as WRITEs before it returns), for a SEEK_DATA or SEEK_HOLE that must see them. The WRITEs are
-    /// answered by other workers while this one waits, so it holds no lock of the filesystem's, and only one worker
-    /// waits here at a time: with all of them waiting none would be left. False when this mount has one worker.
-    func writeBackPages(_ ino: UInt64, from offset: off_t) -> Bool {
-        guard maxThreads >= 2 else { return false }
-        pageWriteBack.withLock { _ in
-            // The pointer is used outside its lock (the call waits for WRITEs): a request in progress keeps the
-            // session alive.
-            guard let se = session.withLock({ $0?.pointer }) else { return }
-            _ = fuse_lowlevel_notify_inval_inode(se, ino, offset, 0)
-        }
-        return true
-    }
-    private let pageWriteBack = Mutex<Void>(())
-    /// Most workers over /dev/fuse (`FUSEMountOptions.maxThreads`); ring entries are three per CPU queue.
-    let maxThreads: UInt32
-
     init(
         fs: any FileSystemOperations, logger: Logger, maxWrite: UInt32, writebackRequested: Bool,
-        connOptions: OpaquePointer?, killPrivV2: Bool = true, ioUring: Bool = true, countsActivity: Bool = false,
-        maxThreads: UInt32 = FUSEMountOptions.defaultMaxThreads
+        connOptions: OpaquePointer?, killPrivV2: Bool = true, ioUring: Bool = true, countsActivity: Bool = false
     ) {
-        self.maxThreads = maxThreads
         self.countsActivity = countsActivity
         self.fs = fs
         self.timeouts = fs.cacheTimeouts

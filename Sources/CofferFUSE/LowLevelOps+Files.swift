@@ -144,15 +144,19 @@ extension LowLevelOps {
 
     /// SEEK_DATA and SEEK_HOLE (the kernel keeps SEEK_SET, SEEK_CUR and SEEK_END). Under the writeback cache the
     /// kernel may hold written pages the daemon has not seen, and FUSE_LSEEK does not write them back: without
-    /// that, a hole could be reported where data was just written, and `cp --sparse` would leave it out.
+    /// that, a hole could be reported where data was just written, and `cp --sparse` would leave it out. Those
+    /// seeks go to the SeekFlusher; over io_uring they stay the kernel's (ENOSYS: data everywhere, a hole at
+    /// the end, which is always right).
     static func lseek(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ off: off_t, _ whence: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         serve(req) { ctx throws(FSError) in
             guard off >= 0 else { throw FSError(ENXIO) }
-            if ctx.writebackGranted.load(ordering: .acquiring) {
-                // ENOSYS: the kernel answers from then on (data everywhere, a hole at the end), which is right.
-                guard ctx.writeBackPages(ino, from: off) else { throw FSError(ENOSYS) }
+            guard ctx.writebackGranted.load(ordering: .acquiring) else {
+                fuse_reply_lseek(req, off_t(try ctx.fs.seek(ino, offset: UInt64(off), whence: whence)))
+                return
             }
-            fuse_reply_lseek(req, off_t(try ctx.fs.seek(ino, offset: UInt64(off), whence: whence)))
+            guard ctx.ring == nil, let req else { throw FSError(ENOSYS) }
+            ReplyCheck.handedOff()
+            ctx.seekFlusher.take(req, ino: ino, offset: off, whence: whence, fs: ctx.fs)
         }
     }
 }
