@@ -43,8 +43,7 @@ extension CofferFileSystem {
     }
 
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
-        try Self.validate(name: name)
-        try checkRoomForEntities()
+        try checkRoom(forName: name)
         return try meta.withLock { () throws(FSError) -> (Attributes, OpenResult) in
             let s = try makeNode(parent: parent, name: name, mode: UInt32(S_IFREG) | (mode & 0o7777), caller: caller)
             // Once the kernel opens without asking (opensWithoutHandles), it sends no RELEASE for

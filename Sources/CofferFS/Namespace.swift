@@ -152,16 +152,14 @@ extension CofferFileSystem {
     public func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes {
         let type = mode & UInt32(S_IFMT)
         guard [S_IFREG, S_IFIFO, S_IFCHR, S_IFBLK, S_IFSOCK].contains(where: { UInt32($0) == type }) else { throw .invalid }
-        try Self.validate(name: name)
-        try checkRoomForEntities()
+        try checkRoom(forName: name)
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(try makeNode(parent: parent, name: name, mode: mode, rdev: rdev, caller: caller))
         }
     }
 
     public func mkdir(parent: InodeNumber, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes {
-        try Self.validate(name: name)
-        try checkRoomForEntities()
+        try checkRoom(forName: name)
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(try makeNode(parent: parent, name: name, mode: UInt32(S_IFDIR) | (mode & 0o7777), caller: caller))
         }
@@ -174,8 +172,7 @@ extension CofferFileSystem {
             options.plainSymlinks
             ? .verbatim(target)
             : options.symlinkRoot.map { ContainerPathTransformer.store(target, root: Array($0.utf8)) } ?? .verbatim(target)
-        try Self.validate(name: name)
-        try checkRoomForEntities(target.count)
+        try checkRoom(forName: name, extra: target.count)
         return try meta.withLock { () throws(FSError) -> Attributes in
             attributes(
                 try makeNode(
@@ -207,9 +204,7 @@ extension CofferFileSystem {
     }
 
     public func link(_ ino: InodeNumber, newParent: InodeNumber, newName: [UInt8]) throws(FSError) -> Attributes {
-        try checkWritable()
-        try Self.validate(name: newName)
-        try checkRoomForEntities()
+        try checkRoom(forName: newName)
         return try locked { () throws(FSError) -> Attributes in
             let s = try state(ino)
             guard !s.isDirectory else { throw .permission }

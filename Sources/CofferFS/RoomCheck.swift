@@ -73,6 +73,13 @@ extension CofferFileSystem {
         roomCheck.withLock { $0.entityBytes += Self.entityBytes + extra }
     }
 
+    /// `checkRoomForEntities` for a new name (mknod, mkdir, symlink, create, link): a bad name is EINVAL or
+    /// ENAMETOOLONG before a full disk is ENOSPC.
+    func checkRoom(forName name: [UInt8], extra: Int = 0) throws(FSError) {
+        try Self.validate(name: name)
+        try checkRoomForEntities(extra)
+    }
+
     /// Refuses (ENOSPC) an allocation of `bytes` past a file's end that the disk cannot hold now, looking
     /// at the disk every time: one fallocate can ask for more than all the writes between two checks.
     func checkRoom(allocating bytes: UInt64) throws(FSError) {
