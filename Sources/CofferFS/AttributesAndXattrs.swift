@@ -104,18 +104,28 @@ extension CofferFileSystem {
         guard name.count > Self.userPrefix.count else { throw .invalid }
         guard name.count <= ExtendedAttributeRecord.maxNameLength else { throw .range }
         guard value.count <= ExtendedAttributeRecord.maxValueLength else { throw FSError(E2BIG) }
+        // A symlink, XATTR_CREATE of a name there and XATTR_REPLACE of one missing fail as they would with room,
+        // as on ext4: a full disk is no reason to hide that. Looked at again below, under the same lock as the put.
+        try meta.withLock { () throws(FSError) in try checkXattrFlags(ino, name: name, flags: flags) }
         try checkRoomForEntities(name.count + value.count)
         try meta.withLock { () throws(FSError) in
-            let s = try state(ino)
-            guard !s.isSymlink else { throw .permission }
-            let exists: Bool
-            do { exists = try store.xattr(ino, name: name) != nil } catch { throw fsError(error, "xattr of inode \(ino)") }
-            if flags & 1 != 0 && exists { throw .exists }  // XATTR_CREATE
-            if flags & 2 != 0 && !exists { throw .noData }  // XATTR_REPLACE
+            try checkXattrFlags(ino, name: name, flags: flags)
             do { try store.putXattr(ino, name: name, value: value) } catch { throw fsError(error) }
+            let s = try state(ino)
             s.record.ctime = .now()
             s.dirty = true
         }
+    }
+
+    /// Refuses an xattr put on a symlink (EPERM), XATTR_CREATE of a name `ino` has (EEXIST), XATTR_REPLACE of
+    /// one it lacks (ENODATA). Call under `meta`.
+    private func checkXattrFlags(_ ino: InodeNumber, name: [UInt8], flags: Int32) throws(FSError) {
+        guard !(try state(ino)).isSymlink else { throw .permission }
+        guard flags & 3 != 0 else { return }
+        let exists: Bool
+        do { exists = try store.xattr(ino, name: name) != nil } catch { throw fsError(error, "xattr of inode \(ino)") }
+        if flags & 1 != 0 && exists { throw .exists }  // XATTR_CREATE
+        if flags & 2 != 0 && !exists { throw .noData }  // XATTR_REPLACE
     }
 
     public func getxattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError) -> [UInt8] {

@@ -89,8 +89,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Files and directories whose changes a dropped group took, until an fsync reports it or they are removed.
     /// Under meta.
     var unheardLosses = Set<InodeNumber>()
-    /// Regular files written into the open group as the kernel forgot them (`release`): a drop loses their
-    /// changes, and memory no longer holds them to carry the error. Under meta.
+    /// Inodes (files, directories, symlinks) written into the open group as the kernel forgot them (`release`): a drop loses
+    /// their changes, and memory no longer holds them to carry the error to an fsync or fsyncdir. Under meta.
     var forgottenInGroup = Set<InodeNumber>()
     /// Set by the store's `onRollback`: the open group was dropped (not only earlier commits lost).
     let groupDropped = Atomic<Bool>(false)
@@ -444,7 +444,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
             try? destroy(s)
         } else if s.dirty {
             try? persist(s)
-            if s.isRegular { forgottenInGroup.insert(s.ino) }
+            forgottenInGroup.insert(s.ino)
         }
         if s.ino != EntityStore.rootInode { inodes[s.ino] = nil }
     }

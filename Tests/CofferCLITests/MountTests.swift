@@ -985,6 +985,7 @@ struct MountTests {
     @Test(.enabled(if: E2E.isRoot, "a tmpfs of fixed size needs root"))
     func namesMadeOnAFullDiskAreRefusedOrKept() throws {
         try onASmallDisk("enospcnames") { sb, container, keep in
+            try #require(E2E.sh("setfattr -n user.pre -v 1 '\(sb.mnt)/keep.bin'").ok)
             let fill = E2E.sh("dd if=/dev/urandom of='\(sb.mnt)/fill' bs=1M count=40")
             #expect(!fill.ok && fill.stderr.contains("No space left"), "the disk fills: \(fill)")
             let script = sb.root + "/names.py"
@@ -1010,6 +1011,13 @@ struct MountTests {
                     made.append("user." + p)
                 except OSError as e:
                     if e.errno != errno.ENOSPC: raise
+                # What a put would fail with given room, it fails with on a full disk too (ext4 does).
+                for flag, name, want in ((os.XATTR_CREATE, "user.pre", errno.EEXIST), (os.XATTR_REPLACE, "user.no" + p, errno.ENODATA)):
+                    try:
+                        os.setxattr("keep.bin", name, b"y", flag)
+                        sys.exit("%s was put" % name)
+                    except OSError as e:
+                        if e.errno != want: sys.exit("%s: %s, not %s" % (name, e, errno.errorcode[want]))
                 print(" ".join(made))
                 """)
             func names(_ prefix: String) throws -> Set<String> {

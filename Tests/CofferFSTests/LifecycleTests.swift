@@ -223,6 +223,28 @@ struct LifecycleTests {
         expectError(FSError(ESTALE)) { _ = try f.fs.getattr(lost) }
     }
 
+    /// A directory made in a group that was then dropped, and forgotten by the kernel before the drop, counts in
+    /// the unmount's warning as a file does: no fsyncdir can report its loss any more (only files counted).
+    @Test func aDroppedGroupsForgottenDirectoriesAreInTheUnmountWarning() throws {
+        let f = try Fixture(chunkSize: 4096, engine: .sqlite)
+        defer { f.cleanup() }
+        try f.fs.commit()
+        let dir = try f.mkdir("d")
+        let file = try f.file("f", b("lost"))
+        f.fs.forget(dir, lookups: 1)
+        f.fs.forget(file, lookups: 1)
+        try f.store.sqlite.writer { db in try db.execute(sql: "ROLLBACK") }
+        f.store.onRollback?(.diskFull)
+        #expect(try f.list().isEmpty, "the dropped group's names are gone")
+        let losses = f.fs.meta.withLock { f.fs.unheardLosses }
+        #expect(losses.contains(dir) && losses.contains(file), "\(losses) holds the directory and the file")
+        let mounted = f.fs
+        try f.remount()
+        #expect(
+            mounted.unmountWarning?.contains("changes to \(losses.count) file(s) or directories") == true, "\(mounted.unmountWarning ?? "no warning")"
+        )
+    }
+
     @Test func orphanOfACrashIsRemovedAtTheNextMount() throws {
         let f = try Fixture(chunkSize: 4096)
         defer { f.cleanup() }
