@@ -127,6 +127,43 @@ struct SegmentTests {
         }
     }
 
+    /// With O_DIRECT, a gathered MiB is written while the next chunks are gathered: the chunks of a write still
+    /// under way read back from memory (the file does not hold them yet), and once it lands, from the file;
+    /// the commit waits for it.
+    @Test func chunksBeingWrittenReadBackFromMemory() throws {
+        try withTempDir { dir in
+            guard Self.takesDirectWrites(dir) else {
+                Issue.record("no O_DIRECT in \(dir): the write under way is not exercised")
+                return
+            }
+            let (store, keys, path) = try makeStore(in: dir)
+            let segments = store.sqlite.segments
+            let gate = DispatchSemaphore(value: 0)
+            segments.flightGate = gate
+            defer { gate.signal() }
+            let file = try EntityStore.newContentId()
+            // 20 chunks of 64 KiB: one MiB is handed to the flight, the rest stays gathered.
+            try store.putTestChunks(file: file, count: 20, seed: 5, keys: keys)
+            var st = stat()
+            #expect(stat(dir + "/segments/1", &st) == 0 && st.st_size == 0, "the flight is held: the file holds nothing yet")
+            try expectTestChunks(store, file: file, count: 20, seed: 5)
+            gate.signal()
+            segments.flightGate = nil
+            try store.commit()
+            #expect(stat(dir + "/segments/1", &st) == 0 && st.st_size >= 20 * 65536, "the commit wrote every chunk")
+            try expectTestChunks(store, file: file, count: 20, seed: 5)
+            let more = try EntityStore.newContentId()
+            try store.putTestChunks(file: more, count: 40, seed: 8, keys: keys)  // two flights, no gate
+            try expectTestChunks(store, file: more, count: 40, seed: 8)
+            try store.commit()
+            store.close()
+            let reopened = try EntityStore.open(at: path, keys: keys)
+            defer { reopened.close() }
+            try expectTestChunks(reopened, file: file, count: 20, seed: 5)
+            try expectTestChunks(reopened, file: more, count: 40, seed: 8)
+        }
+    }
+
     /// Whether a 4 KiB O_DIRECT write succeeds in `dir`.
     static func takesDirectWrites(_ dir: String) -> Bool {
         let fd = open(dir + "/direct-probe", O_RDWR | O_CREAT | O_EXCL, 0o600)

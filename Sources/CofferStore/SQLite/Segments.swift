@@ -154,14 +154,19 @@ final class Segments: @unchecked Sendable {
         defer { buffer.deallocate() }
         let done: Int
         if gathering {
-            // Bytes appended since the last write of the gathered ones (the writer reading its own group).
+            // Bytes appended since the last write of the gathered ones (the writer reading its own group): those
+            // being written (`Flight`), then those gathered after them, which follow them in the file.
             done = gathered.withLock { g in
-                let inFile = g.segment == id ? Int(max(0, min(length, g.start - offset))) : Int(length)
+                let inMemory = g.flight?.start ?? g.start
+                let inFile = g.segment == id ? Int(max(0, min(length, inMemory - offset))) : Int(length)
                 var n = Self.pread(f.fd, buffer, upTo: inFile, at: offset)
-                if n == inFile, g.segment == id, inFile < Int(length), offset + Int64(n) - g.start < Int64(g.count) {
-                    let from = Int(offset + Int64(n) - g.start)
-                    let take = min(Int(length) - n, g.count - from)
-                    (buffer.baseAddress! + n).copyMemory(from: g.bytes.baseAddress! + from, byteCount: take)
+                guard n == inFile, g.segment == id else { return n }
+                let runs = [g.flight.map { ($0.start, $0.count, $0.bytes) }, (g.start, g.count, g.bytes)]
+                for case let (start, count, bytes)? in runs where n < Int(length) {
+                    let at = offset + Int64(n)
+                    guard at >= start, at < start + Int64(count) else { continue }
+                    let from = Int(at - start), take = min(Int(length) - n, count - from)
+                    (buffer.baseAddress! + n).copyMemory(from: bytes.baseAddress! + from, byteCount: take)
                     n += take
                 }
                 return n
@@ -245,12 +250,33 @@ final class Segments: @unchecked Sendable {
     /// O_DIRECT a block is written once: a commit pads the last partial block with zeros and the next append
     /// starts at the next block, so a block that committed bytes lie in is never written again while a
     /// reader may be caching it (docs/FORMAT.md, "Segments").
-    struct Gathered: @unchecked Sendable {  // its buffer is touched only under `gathered`'s lock
+    struct Gathered: @unchecked Sendable {  // its buffers are touched only under `gathered`'s lock
         var segment: Int64 = 0
         var start: Int64 = 0
         var count = 0
         var bytes: UnsafeMutableRawBufferPointer
+        /// Whole blocks before `start` being written on `flightQueue` (O_DIRECT appends), until `land`.
+        var flight: Flight?
+        /// A buffer to gather into while another is in flight.
+        var spare: UnsafeMutableRawBufferPointer?
     }
+
+    /// Gathered bytes handed to `flightQueue` to be written while the writer gathers the next ones: an
+    /// O_DIRECT write of a MiB waited for the disk (0.5–1.5 ms here) with the filesystem's locks held, so a
+    /// streaming write sealed nothing meanwhile. Readers copy from `bytes` until the writer lands it.
+    struct Flight: @unchecked Sendable {  // its buffer is only read while the write is under way
+        var start: Int64
+        var count: Int
+        var bytes: UnsafeMutableRawBufferPointer
+        /// Set by the flight's write when it failed: no commit may name what was appended until the appender
+        /// is closed (the group rolled back).
+        var error: StoreError?
+    }
+    /// Runs the flights' writes, one at a time; `flights` is entered while one is under way.
+    private let flightQueue = DispatchQueue(label: "coffer.segment-writes")
+    private let flights = DispatchGroup()
+    /// Tests only: a flight's write waits for this first, so a test can read while one is under way.
+    nonisolated(unsafe) var flightGate: DispatchSemaphore?
     /// Written only by the writer, under the lock; a reader takes the lock only when `gatheringSegment` and
     /// `gatheredStart` say its range may reach gathered bytes.
     private let gathered: Mutex<Gathered>
@@ -273,7 +299,12 @@ final class Segments: @unchecked Sendable {
     }
 
     deinit {
-        gathered.withLock { $0.bytes.deallocate() }
+        flights.wait()
+        gathered.withLock { g in
+            g.bytes.deallocate()
+            g.spare?.deallocate()
+            g.flight?.bytes.deallocate()
+        }
         held.withLock { if $0 >= 0 { Glibc.close($0) } }
         if parent >= 0 { Glibc.close(parent) }
     }
@@ -316,9 +347,12 @@ final class Segments: @unchecked Sendable {
 
     /// Closes the appending segment; bytes gathered and not written are dropped (no commit names them).
     func closeAppender() {
+        flights.wait()
         if let a = appender { Glibc.close(a.fd) }
         appender = nil
         gathered.withLock { g in
+            if let f = g.flight { recycle(&g, f.bytes) }
+            g.flight = nil
             gatheringSegment.store(0, ordering: .releasing)
             gatheredStart.store(.max, ordering: .releasing)
             g.segment = 0
@@ -332,14 +366,18 @@ final class Segments: @unchecked Sendable {
     /// (which would drop the whole group).
     func append(_ bytes: UnsafeRawBufferPointer, writeThrough: Bool = false) throws(StoreError) -> Int64 {
         guard var a = appender else { throw .database("no segment is open for appending") }
+        // A flight lands before the next one leaves, and before anything is written here.
+        let full = gathered.withLock { $0.count + bytes.count > $0.bytes.count }
+        if full || writeThrough { flights.wait() }
         if writeThrough, a.direct, coffer_set_direct(a.fd, 0) == 0 {
             a.direct = false
             appender = a
         }
         let written = try gathered.withLock { (g: inout Gathered) throws(StoreError) -> Int64? in
             var written: Int64?
+            if full || writeThrough { try land(&g) }
             if g.count + bytes.count > g.bytes.count {
-                written = try write(&g, a, whole: false)
+                written = a.direct ? launch(&g, a) : try write(&g, a, whole: false)
                 if g.count + bytes.count > g.bytes.count {
                     // A chunk longer than the buffer (chunks are 32 KiB; rows allow up to 4 MiB).
                     let larger = UnsafeMutableRawBufferPointer.allocate(
@@ -362,6 +400,74 @@ final class Segments: @unchecked Sendable {
         appender?.end += Int64(bytes.count)
         if let written { startWriteback(upTo: written) }
         return a.end
+    }
+
+    /// Hands the gathered whole blocks to `flightQueue` (O_DIRECT) and goes on gathering in the spare buffer,
+    /// from the partial block they leave. Under `gathered`'s lock, with no flight under way. Returns nil: the
+    /// bytes are not in the file yet.
+    private func launch(_ g: inout Gathered, _ a: Appender) -> Int64? {
+        let count = g.count / Self.block * Self.block
+        guard count > 0 else { return nil }
+        let size = g.bytes.count
+        var next: UnsafeMutableRawBufferPointer
+        if let s = g.spare, s.count >= size {
+            next = s
+        } else {
+            g.spare?.deallocate()
+            next = .allocate(byteCount: size, alignment: Self.block)
+        }
+        g.spare = nil
+        let kept = g.count - count
+        next.baseAddress!.copyMemory(from: g.bytes.baseAddress! + count, byteCount: kept)
+        let flight = Flight(start: g.start, count: count, bytes: g.bytes)
+        g.flight = flight
+        g.bytes = next
+        g.start += Int64(count)
+        g.count = kept
+        // `gatheredStart` stays at the flight's start: readers of its bytes take them from memory until it lands.
+        let fd = a.fd, id = a.id, gate = flightGate
+        flights.enter()
+        flightQueue.async { [self] in
+            defer { flights.leave() }
+            gate?.wait()
+            var done = 0
+            while done < count {
+                let n = pwrite(fd, flight.bytes.baseAddress! + done, count - done, off_t(flight.start) + off_t(done))
+                let e = n < 0 ? errno : 0
+                if e == EINTR { continue }
+                // O_DIRECT taken at open but not for these writes: the page cache from now on (as `write`).
+                if e == EINVAL || (n > 0 && n % Self.block != 0), coffer_set_direct(fd, 0) == 0 {
+                    if n > 0 { done += n }
+                    continue
+                }
+                guard n > 0 else {
+                    let error = Self.failure("cannot write segment \(id)", n < 0 ? e : ENOSPC)
+                    gathered.withLock { $0.flight?.error = error }
+                    return
+                }
+                done += n
+            }
+        }
+        return nil
+    }
+
+    /// Takes back a flight that has ended (`flights.wait()` first): its buffer becomes the spare, and readers read
+    /// its bytes from the file. Throws its write's failure, as often as asked, until `closeAppender`.
+    private func land(_ g: inout Gathered) throws(StoreError) {
+        guard let f = g.flight else { return }
+        if let e = f.error { throw e }
+        recycle(&g, f.bytes)
+        g.flight = nil
+        gatheredStart.store(g.start, ordering: .releasing)
+    }
+
+    private func recycle(_ g: inout Gathered, _ buffer: UnsafeMutableRawBufferPointer) {
+        if let s = g.spare, s.count >= buffer.count {
+            buffer.deallocate()
+        } else {
+            g.spare?.deallocate()
+            g.spare = buffer
+        }
     }
 
     /// Writes the gathered bytes: the whole blocks, or (`whole`) all of them. Without O_DIRECT a partial
@@ -419,7 +525,11 @@ final class Segments: @unchecked Sendable {
     func syncAppender() throws(StoreError) {
         guard !failedSync else { throw .database("an earlier fdatasync of a segment failed") }
         guard let a = appender, a.synced < a.end else { return }
-        let written = try gathered.withLock { (g: inout Gathered) throws(StoreError) in try write(&g, a, whole: true) }
+        flights.wait()
+        let written = try gathered.withLock { (g: inout Gathered) throws(StoreError) in
+            try land(&g)
+            return try write(&g, a, whole: true)
+        }
         // Past the padding of the last block (O_DIRECT): the next append starts at the next block.
         if written > a.end { appender?.end = written }
         guard fdatasync(a.fd) == 0 else {
