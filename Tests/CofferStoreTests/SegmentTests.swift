@@ -3,6 +3,7 @@ import CofferCrypto
 import Foundation
 import GRDB
 import CofferTestSupport
+import Synchronization
 import Testing
 @testable import CofferStore
 import CofferStoreTestSupport
@@ -137,6 +138,8 @@ struct SegmentTests {
                 return
             }
             let (store, keys, path) = try makeStore(in: dir)
+            // Low on space, appends are written at once, after the held flight: the test would wait for itself.
+            try #require(!store.sqlite.isLowOnSpace(), "\(dir) is low on space")
             let segments = store.sqlite.segments
             let gate = DispatchSemaphore(value: 0)
             segments.flightGate = gate
@@ -147,9 +150,20 @@ struct SegmentTests {
             var st = stat()
             #expect(stat(dir + "/segments/1", &st) == 0 && st.st_size == 0, "the flight is held: the file holds nothing yet")
             try expectTestChunks(store, file: file, count: 20, seed: 5)
-            gate.signal()
+            // The commit names those bytes: it waits for the flight.
+            let committed = DispatchSemaphore(value: 0)
+            let outcome = Mutex<Result<Void, StoreError>?>(nil)
+            DispatchQueue.global().async {
+                let r = Result<Void, StoreError> { () throws(StoreError) in try store.commit() }
+                outcome.withLock { $0 = r }
+                committed.signal()
+            }
+            let waited = committed.wait(timeout: .now() + .milliseconds(300)) == .timedOut
+            #expect(waited, "the commit did not wait for the flight")
             segments.flightGate = nil
-            try store.commit()
+            gate.signal()
+            if waited { committed.wait() }
+            try outcome.withLock { $0 }?.get()
             #expect(stat(dir + "/segments/1", &st) == 0 && st.st_size >= 20 * 65536, "the commit wrote every chunk")
             try expectTestChunks(store, file: file, count: 20, seed: 5)
             let more = try EntityStore.newContentId()

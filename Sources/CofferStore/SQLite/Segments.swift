@@ -271,6 +271,8 @@ final class Segments: @unchecked Sendable {
         /// Set by the flight's write when it failed: no commit may name what was appended until the appender
         /// is closed (the group rolled back).
         var error: StoreError?
+        /// The file took O_DIRECT at open but not this write: it went through the page cache, as will the rest.
+        var fellBack = false
     }
     /// Runs the flights' writes, one at a time; `flights` is entered while one is under way.
     private let flightQueue = DispatchQueue(label: "coffer.segment-writes")
@@ -377,7 +379,8 @@ final class Segments: @unchecked Sendable {
             var written: Int64?
             if full || writeThrough { try land(&g) }
             if g.count + bytes.count > g.bytes.count {
-                written = a.direct ? launch(&g, a) : try write(&g, a, whole: false)
+                // Low on space, even where O_DIRECT could not be turned off, the write is made here and now.
+                written = a.direct && !writeThrough && appender?.direct == true ? launch(&g, a) : try write(&g, a, whole: false)
                 if g.count + bytes.count > g.bytes.count {
                     // A chunk longer than the buffer (chunks are 32 KiB; rows allow up to 4 MiB).
                     let larger = UnsafeMutableRawBufferPointer.allocate(
@@ -430,13 +433,15 @@ final class Segments: @unchecked Sendable {
         flightQueue.async { [self] in
             defer { flights.leave() }
             gate?.wait()
-            var done = 0
+            var done = 0, direct = true
             while done < count {
                 let n = pwrite(fd, flight.bytes.baseAddress! + done, count - done, off_t(flight.start) + off_t(done))
                 let e = n < 0 ? errno : 0
                 if e == EINTR { continue }
                 // O_DIRECT taken at open but not for these writes: the page cache from now on (as `write`).
-                if e == EINVAL || (n > 0 && n % Self.block != 0), coffer_set_direct(fd, 0) == 0 {
+                if direct, e == EINVAL || (n > 0 && n % Self.block != 0), coffer_set_direct(fd, 0) == 0 {
+                    direct = false
+                    gathered.withLock { $0.flight?.fellBack = true }
                     if n > 0 { done += n }
                     continue
                 }
@@ -455,6 +460,7 @@ final class Segments: @unchecked Sendable {
     /// its bytes from the file. Throws its write's failure, as often as asked, until `closeAppender`.
     private func land(_ g: inout Gathered) throws(StoreError) {
         guard let f = g.flight else { return }
+        if f.fellBack { appender?.direct = false }
         if let e = f.error { throw e }
         recycle(&g, f.bytes)
         g.flight = nil
