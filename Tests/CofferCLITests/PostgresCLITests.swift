@@ -293,6 +293,72 @@ struct PostgresCLITests {
         #expect(info.ok, "\(info)")
     }
 
+    /// The server lost while a mount claims its lease (after it read the header): status 19, as for a server
+    /// that is down, not 1 (which says the server refused). Every session that adds a lease row loses its
+    /// connection there.
+    @Test func aServerLostAtTheLeaseClaimIsSaidSoWithItsOwnStatus() throws {
+        try expectMountLost("pgleasecut") { s in
+            (
+                cut: "CREATE FUNCTION \(s).cut() RETURNS trigger AS $$ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; "
+                    + "END $$ LANGUAGE plpgsql; CREATE TRIGGER cut BEFORE INSERT ON \(s).leases FOR EACH ROW EXECUTE FUNCTION \(s).cut()",
+                restore: "DROP TRIGGER cut ON \(s).leases"
+            )
+        }
+    }
+
+    /// The server lost when the mount first reads the root directory (after the lease is in): status 19, not 13
+    /// ("store damaged", which would send the user to fsck). A view in the table's place ends every session that
+    /// reads the root's row.
+    @Test func aServerLostAtTheRootsFirstReadIsSaidSoWithItsOwnStatus() throws {
+        try expectMountLost("pgrootcut") { s in
+            (
+                cut: "CREATE FUNCTION \(s).cut(id bigint) RETURNS boolean AS $$ BEGIN IF id = 1 THEN "
+                    + "PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN true; END $$ LANGUAGE plpgsql; "
+                    + "ALTER TABLE \(s).inodes RENAME TO inodes_kept; CREATE VIEW \(s).inodes AS SELECT * FROM \(s).inodes_kept WHERE \(s).cut(id)",
+                restore: "DROP VIEW \(s).inodes; ALTER TABLE \(s).inodes_kept RENAME TO inodes"
+            )
+        }
+    }
+
+    /// Makes a container, then mounts it with `sql(schema).cut` in force (SQL that makes the server drop sessions at
+    /// one moment of the mount): status 19 and nothing mounted; after `restore`, the same mount works.
+    private func expectMountLost(
+        _ label: String, sourceLocation: SourceLocation = #_sourceLocation, _ sql: (String) -> (cut: String, restore: String)
+    ) throws {
+        let (sb, uri, cluster) = try pgSandbox(label)
+        defer { endFaults(sb, cluster) }
+        try #require(sb.initContainer(container: uri).ok, sourceLocation: sourceLocation)
+        let (cut, restore) = sql("\"\(schema(uri))\"")
+        try cluster.psql(cut)
+        let r = sb.mount(container: uri, options: "reconnect_wait=2")
+        #expect(r.status == 19, "\(r)", sourceLocation: sourceLocation)
+        #expect(!E2E.isMounted(sb.mnt), sourceLocation: sourceLocation)
+        try cluster.psql(restore)
+        try #require(sb.mount(container: uri).ok, sourceLocation: sourceLocation)
+        #expect(sb.unmount().ok, sourceLocation: sourceLocation)
+    }
+
+    /// The server lost in the middle of `coffer init` (after the schema's first table): status 19, not 1; the
+    /// half-made container is not there (one transaction), so the same init works once the server is whole. An
+    /// event trigger ends the session that creates a table in this container's schema.
+    @Test func aServerLostInTheMiddleOfInitIsSaidSoAndLeavesNothing() throws {
+        let (sb, uri, cluster) = try pgSandbox("pginitcut")
+        defer { endFaults(sb, cluster) }
+        let name = schema(uri)
+        try cluster.psql(
+            "CREATE FUNCTION public.cut_\(name)() RETURNS event_trigger AS $$ BEGIN IF EXISTS (SELECT 1 FROM "
+                + "pg_event_trigger_ddl_commands() WHERE schema_name = '\(name)' AND command_tag = 'CREATE TABLE') THEN "
+                + "PERFORM pg_terminate_backend(pg_backend_pid()); END IF; END $$ LANGUAGE plpgsql; "
+                + "CREATE EVENT TRIGGER cut_\(name) ON ddl_command_end EXECUTE FUNCTION public.cut_\(name)()")
+        let r = sb.initContainer(container: uri)
+        try cluster.psql("DROP EVENT TRIGGER cut_\(name); DROP FUNCTION public.cut_\(name)()")
+        #expect(r.status == 19, "\(r)")
+        let left = try cluster.psql("SELECT count(*) FROM pg_namespace WHERE nspname = '\(name)'")
+        #expect(left.trimmingCharacters(in: .whitespacesAndNewlines) == "0", "nothing of the container is left: \(left)")
+        let again = sb.initContainer(container: uri)
+        #expect(again.ok, "\(again)")
+    }
+
     /// The server stopped under a mount holding 40 files it has not committed, then `coffer unmount`: the
     /// last commit fails once, within about one reconnect bound, and the unmount says so. The store used
     /// to read every cached inode again after the failed commit, each read waiting the whole bound with
