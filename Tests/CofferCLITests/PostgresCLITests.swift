@@ -320,10 +320,24 @@ struct PostgresCLITests {
         }
     }
 
-    /// Makes a container, then mounts it with `sql(schema).cut` in force (SQL that makes the server drop sessions at
-    /// one moment of the mount): status 19 and nothing mounted; after `restore`, the same mount works.
+    /// A server that answers the lease claim with an error (here a trigger; a role without the right, a missing
+    /// table) refuses the mount: status 1, not 19, which would tell the user to wait for the server.
+    @Test func aServerThatRefusesTheLeaseIsNotSaidToBeUnreachable() throws {
+        try expectMountLost("pgleaseno", status: 1) { s in
+            (
+                cut: "CREATE FUNCTION \(s).no() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'no lease'; END $$ LANGUAGE plpgsql; "
+                    + "CREATE TRIGGER no BEFORE INSERT ON \(s).leases FOR EACH ROW EXECUTE FUNCTION \(s).no()",
+                restore: "DROP TRIGGER no ON \(s).leases"
+            )
+        }
+    }
+
+    /// Makes a container, then mounts it with `sql(schema).cut` in force (SQL that makes the server drop sessions, or
+    /// refuse, at one moment of the mount): `status` (19: unreachable) and nothing mounted; after `restore`, the
+    /// same mount works.
     private func expectMountLost(
-        _ label: String, sourceLocation: SourceLocation = #_sourceLocation, _ sql: (String) -> (cut: String, restore: String)
+        _ label: String, status: Int32 = 19, sourceLocation: SourceLocation = #_sourceLocation,
+        _ sql: (String) -> (cut: String, restore: String)
     ) throws {
         let (sb, uri, cluster) = try pgSandbox(label)
         defer { endFaults(sb, cluster) }
@@ -331,7 +345,7 @@ struct PostgresCLITests {
         let (cut, restore) = sql("\"\(schema(uri))\"")
         try cluster.psql(cut)
         let r = sb.mount(container: uri, options: "reconnect_wait=2")
-        #expect(r.status == 19, "\(r)", sourceLocation: sourceLocation)
+        #expect(r.status == status, "\(r)", sourceLocation: sourceLocation)
         #expect(!E2E.isMounted(sb.mnt), sourceLocation: sourceLocation)
         try cluster.psql(restore)
         try #require(sb.mount(container: uri).ok, sourceLocation: sourceLocation)

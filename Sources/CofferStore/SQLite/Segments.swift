@@ -379,8 +379,9 @@ final class Segments: @unchecked Sendable {
             var written: Int64?
             if full || writeThrough { try land(&g) }
             if g.count + bytes.count > g.bytes.count {
-                // Low on space, even where O_DIRECT could not be turned off, the write is made here and now.
-                written = a.direct && !writeThrough && appender?.direct == true ? launch(&g, a) : try write(&g, a, whole: false)
+                // Low on space, even where O_DIRECT could not be turned off, the write is made here and now. (`appender`,
+                // not `a`: a flight that fell back from O_DIRECT was just landed.)
+                if appender?.direct == true && !writeThrough { launch(&g, a) } else { written = try write(&g, a, whole: false) }
                 if g.count + bytes.count > g.bytes.count {
                     // A chunk longer than the buffer (chunks are 32 KiB; rows allow up to 4 MiB).
                     let larger = UnsafeMutableRawBufferPointer.allocate(
@@ -406,11 +407,10 @@ final class Segments: @unchecked Sendable {
     }
 
     /// Hands the gathered whole blocks to `flightQueue` (O_DIRECT) and goes on gathering in the spare buffer,
-    /// from the partial block they leave. Under `gathered`'s lock, with no flight under way. Returns nil: the
-    /// bytes are not in the file yet.
-    private func launch(_ g: inout Gathered, _ a: Appender) -> Int64? {
+    /// from the partial block they leave. Under `gathered`'s lock, with no flight under way.
+    private func launch(_ g: inout Gathered, _ a: Appender) {
         let count = g.count / Self.block * Self.block
-        guard count > 0 else { return nil }
+        guard count > 0 else { return }
         let size = g.bytes.count
         var next: UnsafeMutableRawBufferPointer
         if let s = g.spare, s.count >= size {
@@ -453,7 +453,6 @@ final class Segments: @unchecked Sendable {
                 done += n
             }
         }
-        return nil
     }
 
     /// Takes back a flight that has ended (`flights.wait()` first): its buffer becomes the spare, and readers read
