@@ -57,7 +57,7 @@ test: test-deps
 	# `make test`), the tamper suites with psql as the attacker.
 	COFFER_TEST_ENGINE=postgres COFFER_MODEL_SEEDS=$${COFFER_PG_MODEL_SEEDS:-10} COFFER_CRASH_ROUNDS=$${COFFER_PG_CRASH_ROUNDS:-10} \
 		COFFER_FUZZ_SEED=$${COFFER_PG_FUZZ_SEEDS:-1-20} \
-		$(SWIFT) test --skip-build --filter 'CofferCLITests\.(PosixTests|ModelTests|WorkloadTests|CrashTests|IntegrityTests|HostileContainerTests)'
+		$(SWIFT) test --skip-build --filter 'CofferCLITests\.(PosixTests|ModelTests|WorkloadTests|CrashTests|IntegrityTests|HostileContainerTests|DirectIOMountTests)'
 	# The mount suites again with FUSE over io_uring offered by the kernel (the fuse module's enable_uring, put
 	# back afterwards), on SQLite, the in-process mounts of CofferFUSETests (requestExit from a thread that blocks
 	# signals), and the locks shared by PostgreSQL mounts (replies from another thread).
@@ -65,7 +65,7 @@ test: test-deps
 		echo "SKIPPED: the io_uring phase: $$knob is missing or not writable (kernel before 6.14, or not root)"; exit 0; fi; \
 	before=$$(cat $$knob); echo Y > $$knob; trap 'echo '$$before' > '$$knob EXIT; \
 	COFFER_MODEL_SEEDS=$${COFFER_URING_MODEL_SEEDS:-10} $(SWIFT) test --skip-build \
-		--filter 'CofferFUSETests|CofferCLITests\.(IoUringMountTests|PosixTests|ModelTests|WorkloadTests|RandomReadMountTests|FallocateMountTests|MountTests)' && \
+		--filter 'CofferFUSETests|CofferCLITests\.(IoUringMountTests|PosixTests|ModelTests|WorkloadTests|RandomReadMountTests|FallocateMountTests|DirectIOMountTests|MountTests)' && \
 	COFFER_TEST_ENGINE=postgres $(SWIFT) test --skip-build --filter 'CofferCLITests\.SharedLocksTests'
 
 # The code's layout, checked by the toolchain's swift-format with .swift-format (4 spaces, 150 columns,

@@ -86,7 +86,7 @@ let package = Package(
         .testTarget(name: "CofferPostgresTests", dependencies: ["CofferStore", "CofferTestSupport"]),
         .testTarget(name: "CofferFUSETests", dependencies: ["CofferFUSE", "CofferFS"]),
         // Drives the built `coffer` binary: CLI and real FUSE mounts.
-        .testTarget(name: "CofferCLITests", dependencies: ["coffer", "CofferFUSE", "CofferTestSupport"])
+        .testTarget(name: "CofferCLITests", dependencies: ["coffer", "CofferFUSE", "CofferTestSupport", "CFileSpace"])
     ],
     swiftLanguageModes: [.v6]
 )

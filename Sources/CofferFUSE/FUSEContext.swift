@@ -26,8 +26,9 @@ final class FUSEContext: @unchecked Sendable {
     let kernelNotifier = KernelNotifier()
     /// Blocking lock requests parked off the workers (filesystems that share locks only).
     let lockWaiters = LockWaiters()
-    /// SEEK_DATA and SEEK_HOLE under the writeback cache, answered off the workers.
-    let seekFlusher = SeekFlusher()
+    /// SEEK_DATA and SEEK_HOLE under the writeback cache and some direct writes, answered off the workers
+    /// after a page drop.
+    let pageDropReplies = PageDropReplies()
     /// Whether requests are counted in `activity` (only when a mount unmounts itself when idle: `-o idle=`).
     let countsActivity: Bool
     /// Requests that were use, answered so far (`LowLevelOps.serve`); read by `FUSEMount`'s idle watcher.

@@ -267,7 +267,7 @@ public final class FUSEMount: @unchecked Sendable {
             // A store (or a lock's page drop) blocked on a page a READ holds (no worker answers it now) ends
             // when the connection does; if it has not, the session must outlive it (the process is about to exit).
             let pagesDropped = ctx.lockWaiters.detach(), entriesDropped = ctx.kernelNotifier.stop()
-            let seeksEnded = ctx.seekFlusher.stop()
+            let seeksEnded = ctx.pageDropReplies.stop()
             if ctx.pageFiller?.stop() == false || !pagesDropped || !entriesDropped || !seeksEnded {
                 logger.error("FUSE: a page-cache store did not end; the session is left to the exit")
                 ctx.shutdownOnce()
@@ -344,7 +344,7 @@ public final class FUSEMount: @unchecked Sendable {
         ctx.pageFiller?.start(session: se)
         ctx.lockWaiters.attach(se)
         ctx.kernelNotifier.start(session: se, fs: ctx.fs)
-        ctx.seekFlusher.start(session: se)
+        ctx.pageDropReplies.start(session: se)
         ctx.session.withLock { $0 = FUSEContext.SessionPointer(pointer: se) }
         startWatcher(deviceBefore: deviceBefore, context: ctx, onReady: onReady)
         if let idle = options.idleUnmount { startIdleWatcher(idle, context: ctx) }

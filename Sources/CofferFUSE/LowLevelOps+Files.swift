@@ -98,10 +98,22 @@ extension LowLevelOps {
             // times), so stat and exec would still see the bits until the attribute timeout: it is told before
             // the reply.
             if KillPrivHook.requested(for: ino), try ctx.fs.clearSetID(ino) { ctx.dropAttributes(ino) }
-            let written = try ctx.fs.write(
-                ino, handle: fi.pointee.fh, offset: UInt64(off),
-                data: UnsafeRawBufferPointer(start: buf, count: size))
-            fuse_reply_write(req, max(0, min(written, size)))
+            // Under the writeback cache a WRITE the kernel did not mark as its own write-back is a direct write:
+            // the kernel may hold the page at the file's end with zeros where it puts data (PageDropReplies).
+            let direct = fi.pointee.writepage == 0 && ctx.writebackGranted.load(ordering: .acquiring)
+            let sizeBefore = direct ? (try? ctx.fs.getattr(ino))?.size : nil
+            let written = max(
+                0,
+                min(
+                    try ctx.fs.write(
+                        ino, handle: fi.pointee.fh, offset: UInt64(off),
+                        data: UnsafeRawBufferPointer(start: buf, count: size)), size))
+            if let sizeBefore, let req, let page = PageDropReplies.stalePage(oldSize: sizeBefore, offset: off, written: written),
+                ctx.pageDropReplies.write(req, ino: ino, dropping: page, written: written, throughRing: ctx.ring != nil)
+            {
+                return
+            }
+            fuse_reply_write(req, written)
         }
     }
 
@@ -145,7 +157,7 @@ extension LowLevelOps {
     /// SEEK_DATA and SEEK_HOLE (the kernel keeps SEEK_SET, SEEK_CUR and SEEK_END). Under the writeback cache the
     /// kernel may hold written pages the daemon has not seen, and FUSE_LSEEK does not write them back: without
     /// that, a hole could be reported where data was just written, and `cp --sparse` would leave it out. Those
-    /// seeks go to the SeekFlusher; over io_uring they stay the kernel's (ENOSYS: data everywhere, a hole at
+    /// seeks go to PageDropReplies; over io_uring they stay the kernel's (ENOSYS: data everywhere, a hole at
     /// the end, which is always right).
     static func lseek(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ off: off_t, _ whence: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         serve(req) { ctx throws(FSError) in
@@ -155,8 +167,7 @@ extension LowLevelOps {
                 return
             }
             guard ctx.ring == nil, let req else { throw FSError(ENOSYS) }
-            ReplyCheck.handedOff()
-            ctx.seekFlusher.take(req, ino: ino, offset: off, whence: whence, fs: ctx.fs)
+            ctx.pageDropReplies.seek(req, ino: ino, offset: off, whence: whence, fs: ctx.fs)
         }
     }
 }
