@@ -267,8 +267,8 @@ public final class FUSEMount: @unchecked Sendable {
             // A store (or a lock's page drop) blocked on a page a READ holds (no worker answers it now) ends
             // when the connection does; if it has not, the session must outlive it (the process is about to exit).
             let pagesDropped = ctx.lockWaiters.detach(), entriesDropped = ctx.kernelNotifier.stop()
-            let seeksEnded = ctx.pageDropReplies.stop()
-            if ctx.pageFiller?.stop() == false || !pagesDropped || !entriesDropped || !seeksEnded {
+            let repliesEnded = ctx.pageDropReplies.stop()
+            if ctx.pageFiller?.stop() == false || !pagesDropped || !entriesDropped || !repliesEnded {
                 logger.error("FUSE: a page-cache store did not end; the session is left to the exit")
                 ctx.shutdownOnce()
             } else {

@@ -102,12 +102,10 @@ extension LowLevelOps {
             // the kernel may hold the page at the file's end with zeros where it puts data (PageDropReplies).
             let direct = fi.pointee.writepage == 0 && ctx.writebackGranted.load(ordering: .acquiring)
             let sizeBefore = direct ? (try? ctx.fs.getattr(ino))?.size : nil
-            let written = max(
-                0,
-                min(
-                    try ctx.fs.write(
-                        ino, handle: fi.pointee.fh, offset: UInt64(off),
-                        data: UnsafeRawBufferPointer(start: buf, count: size)), size))
+            let done = try ctx.fs.write(
+                ino, handle: fi.pointee.fh, offset: UInt64(off),
+                data: UnsafeRawBufferPointer(start: buf, count: size))
+            let written = max(0, min(done, size))
             if let sizeBefore, let req, let page = PageDropReplies.stalePage(oldSize: sizeBefore, offset: off, written: written),
                 ctx.pageDropReplies.write(req, ino: ino, dropping: page, written: written, throughRing: ctx.ring != nil)
             {
