@@ -15,6 +15,9 @@
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 
+/* O_DIRECT (fcntl.h gives it only with _GNU_SOURCE): a WRITE's open flags tell direct writes apart. */
+enum { COFFER_O_DIRECT = __O_DIRECT };
+
 /* Names the calling thread (prctl is variadic and pthread_setname_np needs _GNU_SOURCE: neither imports). */
 static inline void coffer_name_this_thread(const char *name) { prctl(PR_SET_NAME, (unsigned long)name, 0, 0, 0); }
 #endif

@@ -365,6 +365,7 @@ public final class FUSEMount: @unchecked Sendable {
         // Stop answering (parked lock requests get EINTR: the workers are gone, nothing parks again; a ring entry
         // still sends those answers), then stop the ring entries, then unmount and destroy (deferred above).
         ctx.lockWaiters.stop()
+        ctx.pageDropReplies.close(timeout: 1)
         ctx.stopRing()
         ctx.session.withLock { $0 = nil }
         state.withLock {

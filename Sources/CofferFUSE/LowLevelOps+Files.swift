@@ -98,9 +98,11 @@ extension LowLevelOps {
             // times), so stat and exec would still see the bits until the attribute timeout: it is told before
             // the reply.
             if KillPrivHook.requested(for: ino), try ctx.fs.clearSetID(ino) { ctx.dropAttributes(ino) }
-            // Under the writeback cache a WRITE the kernel did not mark as its own write-back is a direct write:
-            // the kernel may hold the page at the file's end with zeros where it puts data (PageDropReplies).
-            let direct = fi.pointee.writepage == 0 && ctx.writebackGranted.load(ordering: .acquiring)
+            // An O_DIRECT write under the writeback cache: the kernel may hold the page at the file's end with
+            // zeros where it puts data (PageDropReplies). Not the kernel's own write-back nor a write-through.
+            let direct =
+                fi.pointee.flags & Int32(COFFER_O_DIRECT) != 0 && fi.pointee.writepage == 0
+                && ctx.writebackGranted.load(ordering: .acquiring)
             let sizeBefore = direct ? (try? ctx.fs.getattr(ino))?.size : nil
             let done = try ctx.fs.write(
                 ino, handle: fi.pointee.fh, offset: UInt64(off),

@@ -13,20 +13,24 @@ import Synchronization
 /// - SEEK_DATA and SEEK_HOLE under the writeback cache. The kernel may hold written pages the daemon has
 ///   not seen, and FUSE_LSEEK does not write them back, so each seek first has the kernel do it (the drop
 ///   from the offset on) and then answers from the chunk map.
-/// - Direct writes that cover a file's end when it is not on a page boundary (`stalePage`). The kernel sets
-///   the file's new size when the WRITE is answered and drops its pages of the range only after that: a
-///   reader that had the page holding the old end (zeros after it) and sees the new size in between reads
-///   those zeros (a tester's `tail -f` of `dd bs=4097 oflag=direct`). That page is dropped before the answer.
+/// - O_DIRECT writes into the page that holds a file's end when that end is not on a page boundary
+///   (`stalePage`). The kernel sets the file's new size when the WRITE is answered and drops its pages of the
+///   range only after that: a reader that had that page (zeros after the old end) and sees the new size in
+///   between reads those zeros (a tester's `tail -f` of `dd bs=4097 oflag=direct`). The page is dropped
+///   before the answer. What is left is the kernel's own window, as on any filesystem: a reader that took
+///   the page just before the drop and reads the size just after the answer. Only O_DIRECT writes: a
+///   write-through WRITE (a set-id file written by its non-owner) holds that very page locked until it is
+///   answered, so a drop of it would wait for ever.
 ///
 /// Over io_uring a request holds its ring entry until it is answered, so a request parked here would still
 /// take an entry the READs and WRITEs may need: there the kernel keeps SEEK_DATA and SEEK_HOLE (ENOSYS), and
-/// only one direct write at a time waits here (each queue has three entries: two stay free for the READs and
-/// WRITEs its page drop waits for); while one does, the others are answered at once, as before this fix.
+/// only one direct write at a time waits here (each queue has three entries, so two usually stay free for
+/// the READs and WRITEs its page drop waits for); while one does, the others are answered at once.
 final class PageDropReplies: Sendable {
     private struct Request: @unchecked Sendable { let req: fuse_req_t }
     private let queue = DispatchQueue(label: "coffer-page-drops")
     private let running = DispatchGroup()
-    /// The session while it can take replies and notifications; nil once `stop` was called.
+    /// The session while it can take replies and notifications; nil once `close` was called.
     private let session = Mutex<FUSEContext.SessionPointer?>(nil)
     /// Whether a direct write that came through io_uring is waiting here (holding its ring entry).
     private let ringEntryHeld = Atomic<Bool>(false)
@@ -59,21 +63,23 @@ final class PageDropReplies: Sendable {
         }
         later(req) { [self] req, se in
             if let se { _ = fuse_lowlevel_notify_inval_inode(se, ino, page, 1) }
-            fuse_reply_write(req, written)
+            // Free before the answer: the writer's next WRITE may come at once, and the drop is over.
             if throughRing { ringEntryHeld.store(false, ordering: .releasing) }
+            fuse_reply_write(req, written)
         }
         return true
     }
 
     /// The page of a direct write's range that the kernel may hold with zeros where the write put data: the
-    /// one holding the file's end before the write (`oldSize`), when the write covers that end and it is not on
-    /// a page boundary. Pages wholly past the old end were never read; pages wholly before it held data.
+    /// one holding the file's end before the write (`oldSize`), when that end is not on a page boundary and the
+    /// write puts data in that page past it. Pages wholly past the old end were never read; pages wholly
+    /// before it held data.
     static func stalePage(oldSize: UInt64, offset: off_t, written: Int) -> off_t? {
         let pageSize = UInt64(max(4096, sysconf(Int32(_SC_PAGESIZE))))
         guard offset >= 0, written > 0, oldSize % pageSize != 0 else { return nil }
-        let start = UInt64(offset)
-        guard start <= oldSize, oldSize < start + UInt64(written) else { return nil }
-        return off_t(oldSize - oldSize % pageSize)
+        let start = UInt64(offset), page = oldSize - oldSize % pageSize
+        guard start < page + pageSize, start + UInt64(written) > oldSize else { return nil }
+        return off_t(page)
     }
 
     /// Runs `answer` on this mount's thread with the session (nil once stopping); it must answer the request.
@@ -88,11 +94,15 @@ final class PageDropReplies: Sendable {
         }
     }
 
-    /// Stops: requests not started are answered without a page drop (seeks EINTR), one in progress is waited
-    /// for at most `timeout` seconds. False if it did not end (a drop waiting for a READ or WRITE no worker
-    /// reads any more): the session must then stay.
-    func stop(timeout: Double = 2) -> Bool {
+    /// Stops dropping pages: requests not started are answered without a drop (seeks EINTR), one in progress is
+    /// waited for at most `timeout` seconds. Called before the ring entries stop, so that answers still go
+    /// through them, and again (`stop`) once the mount is gone. False if one did not end (a drop waiting for a
+    /// READ or WRITE no worker reads any more): the session must then stay.
+    @discardableResult
+    func close(timeout: Double) -> Bool {
         session.withLock { $0 = nil }
         return running.wait(timeout: .now() + timeout) == .success
     }
+
+    func stop(timeout: Double = 2) -> Bool { close(timeout: timeout) }
 }

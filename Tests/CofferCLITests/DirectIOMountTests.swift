@@ -14,8 +14,8 @@ struct DirectIOMountTests {
     /// is always wrong. Built by doubling, fast in a debug build: the reader must keep up with the writer.
     static func pattern(count: Int) -> [UInt8] {
         var bytes = (0..<251).map { UInt8(1 + $0) }
-        while bytes.count < count { bytes += bytes }
-        return Array(bytes.prefix(count))
+        while bytes.count < count { bytes += bytes.prefix(count - bytes.count) }
+        return bytes
     }
 
     /// A tester's `tail -f` of a file appended by `dd bs=4097 oflag=direct` showed zeros from the start of an
@@ -67,12 +67,19 @@ struct DirectIOMountTests {
         // On a failed requirement: the reader closed and the writer finished before the sandbox unmounts.
         defer {
             if readerOpen { close(reader) }
-            while !done.load(ordering: .acquiring) { usleep(1000) }
+            // Bounded: a write stuck in the daemon must fail the test, not hang the suite (cleanup unmounts).
+            let giveUp = Date().addingTimeInterval(30)
+            while !done.load(ordering: .acquiring) && Date() < giveUp { usleep(1000) }
         }
 
         var position = 0, reads = 0, wrong: [String] = []
         var chunk = [UInt8](repeating: 0, count: 1 << 20)
+        let readerGivesUp = Date().addingTimeInterval(60)
         while true {
+            guard Date() < readerGivesUp else {
+                Issue.record("the reader gave up after 60 s at \(position) bytes (writer done: \(done.load(ordering: .acquiring)))")
+                break
+            }
             var st = stat()
             try #require(fstat(reader, &st) == 0)
             let size = Int(st.st_size)

@@ -800,6 +800,23 @@ struct PosixTests {
         #expect(E2E.statOf(m + "/pub/nobody.txt")?.st_uid == 65534)
     }
 
+    /// A set-id file appended by a user who is not its owner, its last page not in the kernel's cache (after a
+    /// remount): the kernel sends that write through (FUSE_HANDLE_KILLPRIV_V2) with the page holding the file's
+    /// end locked until the answer. A page drop of it before the answer (meant for O_DIRECT writes) hung the
+    /// writer for good.
+    @Test func aSetIDFileAppendedByAnotherUserAfterARemountIsAnswered() throws {
+        guard let sb = try Self.mountForOtherUsers("setidcold", options: "allow_other") else { return }
+        defer { sb.cleanup() }
+        let path = sb.mnt + "/s"
+        try E2E.write(path, "0123456789")
+        #expect(chmod(path, 0o6777) == 0)
+        try sb.remount(options: "allow_other")
+        let w = E2E.run("/usr/sbin/runuser", ["-u", "nobody", "--", "/bin/sh", "-c", "printf x >> '\(path)'"], timeout: 20)
+        #expect(w.ok, "append by nobody: \(w)")
+        #expect(E2E.statOf(path).map { $0.st_mode & 0o7777 } == 0o0777)
+        #expect(E2E.readText(path) == "0123456789x")
+    }
+
     /// Set-id bits as ext4 keeps them (the daemon clears them under FUSE_HANDLE_KILLPRIV_V2): a write or
     /// truncate by an unprivileged user clears set-user-ID and (group-executable) set-group-ID, root's keeps
     /// them, chown clears them also for root; set-group-ID without group-execute stays for a group member.
