@@ -128,7 +128,10 @@ extension SQLiteBackend {
                 do {
                     try db.execute(sql: "INSERT OR REPLACE INTO coffer_meta(name, value) VALUES ('state', ?)", arguments: [Data(sealed)])
                     freed = try segmentsBeforeCommit(db)
-                    if low { try refuseGrowthWithoutRoom(db) }
+                    if low {
+                        try refuseGrowthWithoutRoom(db)
+                        releaseReserveIfWALCannotGrow()
+                    }
                     try db.execute(sql: "COMMIT")
                     try? db.execute(sql: "PRAGMA cache_size = -\(Self.idleWriterCacheKiB)")
                 } catch {
@@ -206,6 +209,18 @@ extension SQLiteBackend {
         guard growth > 0 else { return }
         let walGrowth = max(0, Int64(pending.withLock { $0.bytes }) + 16 * pageSize - walSize())
         if growth + walGrowth > freeSpace() - (reserve?.owed ?? 0) { throw NoRoomToGrow() }
+    }
+
+    /// On a disk this full the commit's WAL frames may not fit: the reserve goes back to the disk before the
+    /// COMMIT, not after it failed. SQLite rolls a transaction back whole when its COMMIT cannot write the
+    /// WAL, so the group would be lost, and with it, on a full disk, the very unlink meant to free space
+    /// (a killed daemon's container remounted with not one byte free kept its deleted file in two runs of
+    /// four under load: the WAL it had left held 8 frames, the unlink's commit needed 9). The space stays
+    /// owed to deletes and checkpoints (`refuseGrowthWithoutRoom` has let only those through).
+    private func releaseReserveIfWALCannotGrow() {
+        guard let reserve, reserve.isHeld else { return }
+        let walGrowth = max(0, Int64(pending.withLock { $0.bytes }) + 16 * Int64(pageSize) - walSize())
+        if walGrowth > freeSpace() { reserve.release() }
     }
 
     /// Bytes appended to segments count this much less toward a group's volume than rows: they need no
