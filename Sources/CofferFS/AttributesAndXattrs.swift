@@ -110,8 +110,11 @@ extension CofferFileSystem {
         try checkRoomForEntities(name.count + value.count)
         try meta.withLock { () throws(FSError) in
             try checkXattrFlags(ino, name: name, flags: flags)
-            do { try store.putXattr(ino, name: name, value: value) } catch { throw fsError(error) }
+            // A directory removed (rmdir, or renamed over) while the kernel still held it, or a file it no longer
+            // holds: its rows are gone, and an attribute put now would outlive them (fsck: unreferenced-xattr).
             let s = try state(ino)
+            guard !s.deleted else { throw .notFound }
+            do { try store.putXattr(ino, name: name, value: value) } catch { throw fsError(error) }
             s.record.ctime = .now()
             s.dirty = true
         }

@@ -203,6 +203,25 @@ struct AttributeTests {
         expectError(FSError.io) { _ = try f.fs.getattr(ino) }
     }
 
+    /// A directory removed while the kernel still holds it (a setxattr by path that lost a race with rmdir, or
+    /// with a rename over it) takes no attribute: its rows are gone, and one put then stayed in the store for
+    /// good (a tester's fsck after such races: hundreds of unreferenced-xattr). ENOENT, as if the removal came
+    /// first.
+    @Test func aDirectoryRemovedWhileHeldTakesNoAttribute() throws {
+        let f = try Fixture()
+        defer { f.cleanup() }
+        let removed = try f.fs.mkdir(parent: root, name: b("d"), mode: 0o755, caller: caller).ino
+        try f.fs.rmdir(parent: root, name: b("d"))
+        expectError(FSError.notFound) { try f.fs.setxattr(removed, name: b("user.x"), value: b("v"), flags: 0) }
+        #expect(try f.store.xattrs(removed).isEmpty)
+
+        let replaced = try f.fs.mkdir(parent: root, name: b("e"), mode: 0o755, caller: caller).ino
+        _ = try f.fs.mkdir(parent: root, name: b("new"), mode: 0o755, caller: caller)
+        try f.fs.rename(parent: root, name: b("new"), newParent: root, newName: b("e"), flags: [])
+        expectError(FSError.notFound) { try f.fs.setxattr(replaced, name: b("user.x"), value: b("v"), flags: 0) }
+        #expect(try f.store.xattrs(replaced).isEmpty)
+    }
+
     @Test func extendedAttributes() throws {
         let f = try Fixture()
         defer { f.cleanup() }
