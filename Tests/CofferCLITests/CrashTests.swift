@@ -742,7 +742,7 @@ struct KilledOnAFullDiskTests {
         try #require(sb.mount(container: container).ok)
         #expect(E2E.read(sb.mnt + "/keep.bin") == keep)
         #expect(E2E.read(sb.mnt + "/after")?.count == 4 * 65536)
-        #expect(E2E.read(sb.mnt + "/fill") == nil, "the deleted file came back")
+        #expect(E2E.lstatOf(sb.mnt + "/fill") == nil, "the deleted file came back")  // (its bytes would flood the log)
         #expect(sb.unmount().ok)
     }
 }
