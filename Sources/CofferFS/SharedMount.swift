@@ -149,11 +149,20 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
         }
         return handed(try fs.open(ino, flags: flags, caller: caller))
     }
+    /// A name another machine made since this kernel looked it up (and found nothing) is, without O_EXCL,
+    /// an open of that machine's file: ESTALE has the kernel look the name up again and open what it finds
+    /// (`do_filp_open` retries once with LOOKUP_REVAL), as NFS does. EEXIST would fail a plain `>>` or
+    /// `touch` that lost such a race (a tester: 9 opens of 200).
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
-        let (attributes, result) = try change { () throws(FSError) in
-            try fs.create(parent: parent, name: name, mode: mode, flags: flags, caller: caller)
+        do {
+            let (attributes, result) = try change { () throws(FSError) in
+                try fs.create(parent: parent, name: name, mode: mode, flags: flags, caller: caller)
+            }
+            return (attributes, handed(result))
+        } catch {
+            if error == .exists && flags & O_EXCL == 0 { throw FSError(ESTALE) }
+            throw error
         }
-        return (attributes, handed(result))
     }
 
     /// With shared locks every open file gets a handle of its own (the filesystem below needs none, and

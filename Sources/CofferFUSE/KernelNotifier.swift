@@ -5,9 +5,11 @@ import Synchronization
 
 /// Tells the kernel what another mount changed (a container mounted on several machines): each inode
 /// another mount's commit wrote loses its cached attributes, and the name the kernel last found it by
-/// loses its cached entry, so `stat`, `ls -l` and lookups here show the change within a commit and its
-/// announcement rather than after the kernel's 1 s timeouts (which stay: they bound what is missed when
-/// an announcement is, or names no inodes).
+/// expires, so `stat`, `ls -l` and lookups here show the change within a commit and its announcement
+/// rather than after the kernel's 1 s timeouts (which stay: they bound what is missed when an announcement
+/// is, or names no inodes). Expires, not drops (FUSE_EXPIRE_ONLY): the next walk through the name asks
+/// again and keeps it when it still holds; a dropped name left a process whose working directory another
+/// machine had merely written into with a "deleted" one (getcwd ENOENT, and git refused to run).
 ///
 /// On a queue of its own: dropping an entry takes the directory's lock in the kernel, which a request in
 /// that directory holds until a worker answers it; the listener that hears the commits, and the workers,
@@ -35,8 +37,13 @@ final class KernelNotifier: Sendable {
         guard let se = session.withLock({ $0?.pointer }) else { return }
         for ino in inodes { _ = fuse_lowlevel_notify_inval_inode(se, ino, -1, 0) }
         for (parent, name) in fs.kernelNames(inodes) {
-            _ = name.withUnsafeBufferPointer { n in
-                n.withMemoryRebound(to: CChar.self) { fuse_lowlevel_notify_inval_entry(se, parent, $0.baseAddress, n.count) }
+            name.withUnsafeBufferPointer { n in
+                n.withMemoryRebound(to: CChar.self) { p in
+                    // A kernel before 6.2 cannot expire an entry only (-ENOSYS): it is dropped then.
+                    if fuse_lowlevel_notify_expire_entry(se, parent, p.baseAddress, n.count, FUSE_LL_EXPIRE_ONLY) == -ENOSYS {
+                        _ = fuse_lowlevel_notify_inval_entry(se, parent, p.baseAddress, n.count)
+                    }
+                }
             }
         }
     }

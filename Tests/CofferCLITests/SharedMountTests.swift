@@ -228,6 +228,64 @@ struct SharedMountTests {
         t.unmountAndCheck()
     }
 
+    /// Both machines create the same names without O_EXCL at once (a shell's `>>`, touch, a logger): every open
+    /// succeeds, the loser's by opening the winner's file. EEXIST came back in 9 opens of 200 for a tester.
+    @Test func aCreateWithoutExclThatLosesARaceOpensTheFile() throws {
+        let t = try TwoMachines("creat")
+        defer { t.cleanup() }
+        let r = E2E.py(
+            """
+            import os, sys, threading
+            a, b, n = sys.argv[1], sys.argv[2], 200
+            errors = []
+            together = threading.Barrier(2)  # both machines open each name at the same moment
+            def make(root, tag):
+                for i in range(n):
+                    together.wait()
+                    try:
+                        fd = os.open(f"{root}/y{i}", os.O_CREAT | os.O_WRONLY, 0o644)
+                        os.close(fd)
+                    except OSError as e:
+                        errors.append((tag, i, e.strerror))
+            ts = [threading.Thread(target=make, args=(a, "a")), threading.Thread(target=make, args=(b, "b"))]
+            [x.start() for x in ts]; [x.join() for x in ts]
+            missing = [i for i in range(n) if not os.path.exists(f"{a}/y{i}") or not os.path.exists(f"{b}/y{i}")]
+            print("errors", errors[:5], len(errors), "missing", missing[:5])
+            """, [t.a, t.b], timeout: 120)
+        #expect(r.ok && r.stdout.hasPrefix("errors [] 0 missing []"), "\(r)")
+        t.unmountAndCheck()
+    }
+
+    /// A process whose working directory another machine writes into keeps it: getcwd works throughout. The
+    /// names other machines' commits named were dropped from this kernel, which left the directory "deleted"
+    /// for a process inside it (getcwd ENOENT; git: "Unable to read current working directory").
+    @Test func aWorkingDirectoryWrittenIntoElsewhereStaysValid() throws {
+        let t = try TwoMachines("cwd")
+        defer { t.cleanup() }
+        #expect(mkdir(t.a + "/d", 0o755) == 0)
+        #expect(E2E.wait(3) { E2E.statOf(t.b + "/d") != nil })
+        let r = E2E.py(
+            """
+            import os, sys, threading, time
+            a, b = sys.argv[1], sys.argv[2]
+            def write():
+                for i in range(150):
+                    with open(f"{a}/d/f{i}", "w") as f: f.write("x")
+                    time.sleep(0.01)
+            os.chdir(b + "/d")
+            w = threading.Thread(target=write); w.start()
+            calls, failures = 0, []
+            while w.is_alive():
+                calls += 1
+                try: os.getcwd()
+                except OSError as e: failures.append(e.strerror)
+            w.join()
+            print("failures", len(failures), failures[:3], "calls", calls, "listed", len(os.listdir(".")))
+            """, [t.a, t.b], timeout: 120)
+        #expect(r.ok && r.stdout.hasPrefix("failures 0 []"), "\(r)")
+        t.unmountAndCheck()
+    }
+
     /// Both machines rename the same files out of one directory into their own at once: every file
     /// ends up in exactly one place (never lost, never doubled), the loser gets ENOENT.
     @Test func renameRaceLosesAndDoublesNothing() throws {
