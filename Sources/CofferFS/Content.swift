@@ -247,6 +247,16 @@ extension CofferFileSystem {
     // MARK: Writing
 
     public func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
+        try write(ino, handle: handle, at: offset, data: data)
+    }
+
+    public func append(_ ino: InodeNumber, handle: HandleID, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
+        try write(ino, handle: handle, at: nil, data: data)
+    }
+
+    /// Writes `data` at `offset`, or at the file's end as this filesystem sees it (nil: an append placed
+    /// here, under the file's content lock, so appends here and the other writes to it stay in order).
+    private func write(_ ino: InodeNumber, handle: HandleID, at offset: UInt64?, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
         try checkWritable()
         let s = try meta.withLock { () throws(FSError) -> InodeState in
             // Without a handle the kernel has placed O_APPEND writes at the end already.
@@ -255,7 +265,7 @@ extension CofferFileSystem {
         }
         guard s.isRegular else { throw .invalid }
         guard !data.isEmpty else { return 0 }
-        try checkRoom(for: data.count, writing: s, at: offset)
+        try checkRoom(for: data.count, writing: s, at: offset ?? meta.withLock { s.record.size })
         var sweep = false
         try s.content.withWriteLock { () throws(FSError) in
             enum Plan {
@@ -264,7 +274,7 @@ extension CofferFileSystem {
                 case seal(FileContent)
             }
             let (start, oldSize, plan) = try meta.withLock { () throws(FSError) -> (UInt64, UInt64, Plan) in
-                let start = offset
+                let start = offset ?? s.record.size
                 let (end, overflow) = start.addingReportingOverflow(UInt64(data.count))
                 guard !overflow, end <= UInt64(Int64.max) else { throw .fileTooBig }
                 if refusesGap(s, at: start) { throw .noSpace }

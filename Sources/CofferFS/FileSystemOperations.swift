@@ -48,6 +48,12 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     func readChunks(_ ino: InodeNumber, handle: HandleID, offset: UInt64, size: Int) throws(FSError) -> ChunkRead
     /// Returns the number of bytes written (all of them unless an error is thrown).
     func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int
+    /// Whether O_APPEND writes are placed here, at the end of the file as the filesystem sees it, rather than
+    /// by the kernel: where other mounts change files, the kernel's idea of a file's size may be behind, and an
+    /// append placed by it would overwrite what another machine appended and closed.
+    var placesAppends: Bool { get }
+    /// Appends `data` at the file's end (`placesAppends`); returns the bytes written.
+    func append(_ ino: InodeNumber, handle: HandleID, data: UnsafeRawBufferPointer) throws(FSError) -> Int
     func release(_ ino: InodeNumber, handle: HandleID)
     func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError)
     /// mode: 0 or FALLOC_FL_KEEP_SIZE (1); others give EOPNOTSUPP.
@@ -120,6 +126,8 @@ extension FileSystemOperations {
     public func kernelNames(_ inodes: [InodeNumber]) -> [(parent: InodeNumber, name: [UInt8])] { [] }
     public var opensWithoutHandles: Bool { false }
     public var sharesLocks: Bool { false }
+    public var placesAppends: Bool { false }
+    public func append(_ ino: InodeNumber, handle: HandleID, data: UnsafeRawBufferPointer) throws(FSError) -> Int { throw FSError(ENOSYS) }
     public func testLock(_ ino: InodeNumber, owner: UInt64, lock: FileLock) throws(FSError) -> FileLock? { throw FSError(ENOSYS) }
     public func setLock(
         _ ino: InodeNumber, handle: HandleID, owner: UInt64, type: FileLock.LockType?, start: UInt64, end: UInt64, pid: Int32

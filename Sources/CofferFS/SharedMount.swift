@@ -185,6 +185,13 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
         try change { () throws(FSError) in try fs.write(ino, handle: .none, offset: offset, data: data) }
     }
+    /// Other machines append too: this kernel's idea of the size may be behind (a tester's `>>` from two
+    /// machines in turn kept only one machine's lines), so O_APPEND writes go to the end this machine finds
+    /// under the writer lock, which every other machine's commits are in.
+    public var placesAppends: Bool { true }
+    public func append(_ ino: InodeNumber, handle: HandleID, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
+        try change { () throws(FSError) in try fs.append(ino, handle: .none, data: data) }
+    }
     public func release(_ ino: InodeNumber, handle: HandleID) { fs.release(ino, handle: .none) }
     /// Durable: a commit that waits for the server's disk, which covers every earlier commit too.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {

@@ -14,6 +14,13 @@ extension LowLevelOps {
         return f
     }
 
+    /// An O_APPEND open on a filesystem that places appends itself (`placesAppends`) bypasses the page cache
+    /// (FOPEN_DIRECT_IO): the kernel would otherwise copy each append into its pages at the end it believes,
+    /// where the filesystem may not have put it.
+    static func placeAppends(_ ctx: FUSEContext, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        if ctx.fs.placesAppends && fi.pointee.flags & O_APPEND != 0 { fi.pointee.direct_io = 1 }
+    }
+
     static func open(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         serve(req) { ctx throws(FSError) in
             let fi = try given(fi, else: .invalid)
@@ -26,6 +33,7 @@ extension LowLevelOps {
             if result.attributesChanged { ctx.dropAttributes(ino) }
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
+            placeAppends(ctx, fi)
             // Closing needs no round trip: the filesystem's flush does nothing (changes go out
             // with the group commit; locks are kernel-local), unless locks are shared.
             fi.pointee.noflush = ctx.fs.sharesLocks ? 0 : 1
@@ -53,6 +61,7 @@ extension LowLevelOps {
                 caller: caller(req))
             fi.pointee.fh = result.handle
             fi.pointee.keep_cache = result.keepCache ? 1 : 0
+            placeAppends(ctx, fi)
             fi.pointee.noflush = ctx.fs.sharesLocks ? 0 : 1
             var e = ctx.entryParam(attributes)
             if fuse_reply_create(req, &e, fi) != 0 {
@@ -104,9 +113,15 @@ extension LowLevelOps {
                 fi.pointee.flags & Int32(COFFER_O_DIRECT) != 0 && fi.pointee.writepage == 0
                 && ctx.writebackGranted.load(ordering: .acquiring)
             let sizeBefore = direct ? (try? ctx.fs.getattr(ino))?.size : nil
-            let done = try ctx.fs.write(
-                ino, handle: fi.pointee.fh, offset: UInt64(off),
-                data: UnsafeRawBufferPointer(start: buf, count: size))
+            let data = UnsafeRawBufferPointer(start: buf, count: size)
+            if ctx.fs.placesAppends && fi.pointee.flags & O_APPEND != 0 {
+                let appended = try ctx.fs.append(ino, handle: fi.pointee.fh, data: data)
+                // The kernel sets the size to where it believed the append went: it asks again instead.
+                ctx.dropAttributes(ino)
+                fuse_reply_write(req, max(0, min(appended, size)))
+                return
+            }
+            let done = try ctx.fs.write(ino, handle: fi.pointee.fh, offset: UInt64(off), data: data)
             let written = max(0, min(done, size))
             if let sizeBefore, let req, let page = PageDropReplies.stalePage(oldSize: sizeBefore, offset: off, written: written),
                 ctx.pageDropReplies.write(req, ino: ino, dropping: page, written: written, throughRing: ctx.ring != nil)

@@ -256,6 +256,34 @@ struct SharedMountTests {
         t.unmountAndCheck()
     }
 
+    /// Appends from two machines, one after the other: none overwrites another. The kernel placed O_APPEND
+    /// writes at the end it believed, behind what the other machine had appended and closed: `>>` from both in
+    /// turn kept one machine's lines only, and a log held open on one machine overwrote the other's lines.
+    @Test func appendsFromTwoMachinesInTurnAreAllKept() throws {
+        let t = try TwoMachines("append")
+        defer { t.cleanup() }
+        let r = E2E.py(
+            """
+            import os, sys
+            a, b, nl = sys.argv[1], sys.argv[2], chr(10)
+            open(a + "/log", "w").close()
+            held = os.open(b + "/held", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # a log kept open on b
+            for i in range(40):
+                for root, tag in ((a, "a"), (b, "b")):
+                    with open(root + "/log", "a") as f: f.write(f"{tag}{i}{nl}")
+                with open(a + "/held", "a") as f: f.write(f"a{i}{nl}")
+                os.write(held, f"b{i}{nl}".encode())
+            os.close(held)
+            want = "".join(f"a{i}{nl}b{i}{nl}" for i in range(40))
+            for name in ("log", "held"):
+                for root in (a, b):
+                    got = open(f"{root}/{name}").read()
+                    print(name, root == a, "ok" if got == want else f"{len(got.splitlines())} lines: {got[:60]!r}")
+            """, [t.a, t.b], timeout: 120)
+        #expect(r.ok && !r.stdout.isEmpty && r.stdout.split(separator: "\n").allSatisfy { $0.hasSuffix(" ok") }, "\(r)")
+        t.unmountAndCheck()
+    }
+
     /// A process whose working directory another machine writes into keeps it: getcwd works throughout. The
     /// names other machines' commits named were dropped from this kernel, which left the directory "deleted"
     /// for a process inside it (getcwd ENOENT; git: "Unable to read current working directory").
