@@ -37,13 +37,8 @@ final class KernelNotifier: Sendable {
         guard let se = session.withLock({ $0?.pointer }) else { return }
         for ino in inodes { _ = fuse_lowlevel_notify_inval_inode(se, ino, -1, 0) }
         for (parent, name) in fs.kernelNames(inodes) {
-            name.withUnsafeBufferPointer { n in
-                n.withMemoryRebound(to: CChar.self) { p in
-                    // A kernel before 6.2 cannot expire an entry only (-ENOSYS): it is dropped then.
-                    if fuse_lowlevel_notify_expire_entry(se, parent, p.baseAddress, n.count, FUSE_LL_EXPIRE_ONLY) == -ENOSYS {
-                        _ = fuse_lowlevel_notify_inval_entry(se, parent, p.baseAddress, n.count)
-                    }
-                }
+            _ = name.withUnsafeBufferPointer { n in
+                n.withMemoryRebound(to: CChar.self) { coffer_expire_entry(se, parent, $0.baseAddress, n.count) }
             }
         }
     }

@@ -14,11 +14,12 @@ extension LowLevelOps {
         return f
     }
 
-    /// An O_APPEND open on a filesystem that places appends itself (`placesAppends`) bypasses the page cache
-    /// (FOPEN_DIRECT_IO): the kernel would otherwise copy each append into its pages at the end it believes,
-    /// where the filesystem may not have put it.
+    /// An O_APPEND open for writing on a filesystem that places appends itself (`placesAppends`) bypasses the
+    /// page cache (FOPEN_DIRECT_IO): the kernel would otherwise copy each append into its pages at the end it
+    /// believes, where the filesystem may not have put it. (Such a handle cannot be mapped MAP_SHARED.)
     static func placeAppends(_ ctx: FUSEContext, _ fi: UnsafeMutablePointer<fuse_file_info>) {
-        if ctx.fs.placesAppends && fi.pointee.flags & O_APPEND != 0 { fi.pointee.direct_io = 1 }
+        let flags = fi.pointee.flags
+        if ctx.fs.placesAppends && flags & O_APPEND != 0 && flags & O_ACCMODE != O_RDONLY { fi.pointee.direct_io = 1 }
     }
 
     static func open(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
