@@ -267,7 +267,7 @@ public final class FUSEMount: @unchecked Sendable {
             // A store (or a lock's page drop) blocked on a page a READ holds (no worker answers it now) ends
             // when the connection does; if it has not, the session must outlive it (the process is about to exit).
             let pagesDropped = ctx.lockWaiters.detach(), entriesDropped = ctx.kernelNotifier.stop()
-            let repliesEnded = ctx.pageDropReplies.stop()
+            let repliesEnded = ctx.pageDropReplies.stop(timeout: 2)
             if ctx.pageFiller?.stop() == false || !pagesDropped || !entriesDropped || !repliesEnded {
                 logger.error("FUSE: a page-cache store did not end; the session is left to the exit")
                 ctx.shutdownOnce()
@@ -365,7 +365,7 @@ public final class FUSEMount: @unchecked Sendable {
         // Stop answering (parked lock requests get EINTR: the workers are gone, nothing parks again; a ring entry
         // still sends those answers), then stop the ring entries, then unmount and destroy (deferred above).
         ctx.lockWaiters.stop()
-        ctx.pageDropReplies.close(timeout: 1)
+        ctx.pageDropReplies.stop(timeout: 1)
         ctx.stopRing()
         ctx.session.withLock { $0 = nil }
         state.withLock {

@@ -108,12 +108,6 @@ extension LowLevelOps {
             // times), so stat and exec would still see the bits until the attribute timeout: it is told before
             // the reply.
             if KillPrivHook.requested(for: ino), try ctx.fs.clearSetID(ino) { ctx.dropAttributes(ino) }
-            // An O_DIRECT write under the writeback cache: the kernel may hold the page at the file's end with
-            // zeros where it puts data (PageDropReplies). Not the kernel's own write-back nor a write-through.
-            let direct =
-                fi.pointee.flags & Int32(COFFER_O_DIRECT) != 0 && fi.pointee.writepage == 0
-                && ctx.writebackGranted.load(ordering: .acquiring)
-            let sizeBefore = direct ? (try? ctx.fs.getattr(ino))?.size : nil
             let data = UnsafeRawBufferPointer(start: buf, count: size)
             if ctx.fs.placesAppends && fi.pointee.flags & O_APPEND != 0 {
                 let appended = try ctx.fs.append(ino, handle: fi.pointee.fh, data: data)
@@ -122,6 +116,12 @@ extension LowLevelOps {
                 fuse_reply_write(req, max(0, min(appended, size)))
                 return
             }
+            // An O_DIRECT write under the writeback cache: the kernel may hold the page at the file's end with
+            // zeros where it puts data (PageDropReplies). Not the kernel's own write-back nor a write-through.
+            let direct =
+                fi.pointee.flags & Int32(COFFER_O_DIRECT) != 0 && fi.pointee.writepage == 0
+                && ctx.writebackGranted.load(ordering: .acquiring)
+            let sizeBefore = direct ? (try? ctx.fs.getattr(ino))?.size : nil
             let done = try ctx.fs.write(ino, handle: fi.pointee.fh, offset: UInt64(off), data: data)
             let written = max(0, min(done, size))
             if let sizeBefore, let req, let page = PageDropReplies.stalePage(oldSize: sizeBefore, offset: off, written: written),

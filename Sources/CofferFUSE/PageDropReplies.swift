@@ -30,7 +30,7 @@ final class PageDropReplies: Sendable {
     private struct Request: @unchecked Sendable { let req: fuse_req_t }
     private let queue = DispatchQueue(label: "coffer-page-drops")
     private let running = DispatchGroup()
-    /// The session while it can take replies and notifications; nil once `close` was called.
+    /// The session while it can take replies and notifications; nil once `stop` was called.
     private let session = Mutex<FUSEContext.SessionPointer?>(nil)
     /// Whether a direct write that came through io_uring is waiting here (holding its ring entry).
     private let ringEntryHeld = Atomic<Bool>(false)
@@ -96,13 +96,11 @@ final class PageDropReplies: Sendable {
 
     /// Stops dropping pages: requests not started are answered without a drop (seeks EINTR), one in progress is
     /// waited for at most `timeout` seconds. Called before the ring entries stop, so that answers still go
-    /// through them, and again (`stop`) once the mount is gone. False if one did not end (a drop waiting for a
-    /// READ or WRITE no worker reads any more): the session must then stay.
+    /// through them, and again once the mount is gone. False if one did not end (a drop waiting for a READ or
+    /// WRITE no worker reads any more): the session must then stay.
     @discardableResult
-    func close(timeout: Double) -> Bool {
+    func stop(timeout: Double) -> Bool {
         session.withLock { $0 = nil }
         return running.wait(timeout: .now() + timeout) == .success
     }
-
-    func stop(timeout: Double = 2) -> Bool { close(timeout: timeout) }
 }
