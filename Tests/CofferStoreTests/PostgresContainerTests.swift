@@ -1,5 +1,6 @@
 import CofferCrypto
 import Foundation
+import Synchronization
 import CofferTestSupport
 import Testing
 @testable import CofferStore
@@ -115,5 +116,54 @@ struct PostgresContainerTests {
         #expect(try store.inode(9)?.size == 9)
         #expect(store.sizeOnDisk > 0)
         _ = try theirs.addSlot(kind: .password, secret: secure("more"), kdf: testKDF, label: nil, keys: made.keys)
+    }
+
+    /// A stopped mount of another role (its writer session holding the writer lock, its lease gone): a
+    /// role without pg_signal_backend may not end it, so its mount waits (no error) until the session
+    /// ends; with the grant README.md lists as optional, it ends it and goes on.
+    @Test func aStoppedWriterOfAnotherRoleIsEndedOnlyWithPgSignalBackend() throws {
+        let cluster = try TestPostgres.cluster()
+        let tag = UUID().uuidString.prefix(8).lowercased()
+        let (owner, user, name) = ("owner_\(tag)", "user_\(tag)", "team_\(tag)")
+        try cluster.psql("CREATE ROLE \(owner) LOGIN; CREATE ROLE \(user) LOGIN; GRANT CONNECT, CREATE ON DATABASE \(cluster.database) TO \(owner)")
+        func location(_ role: String) throws -> PostgresLocation {
+            let uri = "postgresql:///\(cluster.database)?host=\(cluster.socketDirectory)&port=\(cluster.port)&user=\(role)&container=\(name)"
+            guard case .postgres(let p) = try ContainerLocation.parse(uri) else { throw PGError(.usage, "not a URI") }
+            return p
+        }
+        _ = try Container.create(.postgres(try location(owner)), password: secure(testPassword), options: fastOptions(recovery: false))
+        try cluster.psql(
+            "GRANT CONNECT ON DATABASE \(cluster.database) TO \(user); GRANT USAGE ON SCHEMA \(name) TO \(user); "
+                + "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \(name) TO \(user)")
+        let theirs = try Container.open(.postgres(try location(user)))
+        let lease = try PostgresLease.take(try location(user), purpose: "mount", machine: "roles-b")
+        defer { lease.release() }
+        let (keys, _) = try theirs.unlock(passwordSecret(testPassword))
+        let store = try theirs.openStore(keys: keys, leaseHolder: lease.me.holder)
+        defer { store.close() }
+        store.shareWithOtherMounts(floor: 0)
+        try #require(store.backend as? PostgresBackend).lockSlice = 0.2
+        for granted in [false, true] {
+            if granted { try cluster.psql("GRANT pg_signal_backend TO \(user)") }
+            // The owner's stopped mount: named after a holder with no lease row.
+            let stuck = try PGConnection(try location(owner).conninfo)
+            defer { stuck.close() }
+            try stuck.execute("SELECT set_config('application_name', $1, false)", [.text(PostgresSQL.writerPrefix + "gone\(granted)")])
+            try stuck.executeScript("BEGIN; SELECT pg_advisory_xact_lock(\(PostgresSQL.lockSpace), hashtext('\(name)'))")
+            let began = Mutex(false)
+            let failure = Mutex<(any Error)?>(nil)
+            Thread {
+                do { try store.beginGroup() } catch { failure.withLock { $0 = error } }
+                began.withLock { $0 = true }
+            }.start()
+            let ended = waitUntil(granted ? 10 : 1.5, every: 0.05) { began.withLock { $0 } }
+            #expect(ended == granted, granted ? "with pg_signal_backend the stopped session is ended" : "without it, it is waited for")
+            stuck.close()
+            #expect(waitUntil(10) { began.withLock { $0 } })
+            #expect(failure.withLock { $0 } == nil, "\(String(describing: failure.withLock { $0 }))")
+            try store.putInode(granted ? 11 : 10, sampleInode(size: 10))
+            try store.commit(durable: true)
+        }
+        #expect(try store.inode(10)?.size == 10 && store.inode(11)?.size == 10)
     }
 }

@@ -145,6 +145,59 @@ struct SharedStoreTests {
         try b.awaitOtherGroups()
     }
 
+    /// A session holding the writer lock in the name of a mount (`writerPrefix` and its lease holder) that
+    /// does not go on: a machine stopped in the middle of a statement, which the server waits for without
+    /// limit (here a session with no idle timeout). While its lease is live it is waited for; once the
+    /// lease lapses the waiting mount ends that session and begins its group.
+    @Test func aWriterWhoseLeaseLapsedIsEndedByTheNextWaiter() throws {
+        let made = try TestStore.create(.postgres, in: "")
+        let location = try #require(made.location)
+        let stopped = try PostgresLease.take(location, purpose: "mount", machine: "stop-a")
+        let lease = try PostgresLease.take(location, purpose: "mount", machine: "stop-b")
+        defer {
+            stopped.release()
+            lease.release()
+        }
+        let stuck = try PGConnection(location.conninfo), look = try PGConnection(location.conninfo)
+        defer {
+            stuck.close()
+            look.close()
+        }
+        try stuck.execute("SELECT set_config('application_name', $1, false)", [.text(PostgresSQL.writerPrefix + stopped.me.holder)])
+        let stuckPid = try #require(try stuck.execute("SELECT pg_backend_pid()").int64(0, 0))
+        try stuck.executeScript("BEGIN; SELECT pg_advisory_xact_lock(\(PostgresSQL.lockSpace), hashtext('\(location.container)'))")
+        let b = try mountLike(made, holder: lease.me.holder)
+        defer { b.close() }
+        try #require(b.backend as? PostgresBackend).lockSlice = 0.2
+        let began = Mutex(false)
+        let failure = Mutex<(any Error)?>(nil)
+        let waiter = Thread {
+            do { try b.beginGroup() } catch { failure.withLock { $0 = error } }
+            began.withLock { $0 = true }
+        }
+        waiter.start()
+        func stuckIsAlive() throws -> Bool {
+            try look.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", [.int4(Int32(stuckPid))]).int64(0, 0) == 1
+        }
+        usleep(1_500_000)
+        #expect(!began.withLock { $0 }, "a holder whose lease is live is waited for")
+        #expect(try stuckIsAlive())
+        try look.execute(
+            "UPDATE \(PostgresSQL(schema: location.container).q).leases SET expires = now() - interval '1 second' WHERE holder = $1",
+            [.text(stopped.me.holder)])
+        let ended = waitUntil(10, every: 0.05) { began.withLock { $0 } }
+        if !ended { stuck.close() }  // lets the waiter go, so the test ends
+        #expect(ended, "the waiter ended the session of the lapsed lease")
+        _ = waitUntil(10) { began.withLock { $0 } }
+        #expect(failure.withLock { $0 } == nil, "\(String(describing: failure.withLock { $0 }))")
+        #expect(try !stuckIsAlive())
+        let backend = try #require(b.backend as? PostgresBackend)
+        #expect(try backend.read { try $0.execute("SHOW lock_timeout").text(0, 0) } == "0", "the group waits for other locks as before")
+        try b.putInode(90, sampleInode(size: 90))
+        try b.commit(durable: true)
+        #expect(try b.inode(90)?.size == 90)
+    }
+
     @Test func groupsSeeEachOtherAndGenerationsGrowByOne() throws {
         let made = try TestStore.create(.postgres, in: "")
         let a = try mountLike(made), b = try mountLike(made)

@@ -17,6 +17,8 @@ public struct SQLState: RawRepresentable, Hashable, Sendable, CustomStringConver
     public static let crashShutdown = SQLState("57P02")
     public static let cannotConnectNow = SQLState("57P03")
     public static let undefinedTable = SQLState("42P01")
+    public static let insufficientPrivilege = SQLState("42501")
+    public static let lockNotAvailable = SQLState("55P03")
 }
 
 /// A failure of the PostgreSQL client. Messages come from libpq or the server with every password of

@@ -27,7 +27,13 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// The lease holder id this store commits under (a mount, fsck's repair): every commit renews the
     /// lease in its own transaction and fails with `leaseLost` when another mount took it. Set right
     /// after opening, before the first commit.
-    public var fenceHolder: String?
+    public var fenceHolder: String? {
+        didSet {
+            writerLock.lock()
+            defer { writerLock.unlock() }
+            _ = try? nameSession()
+        }
+    }
     /// Several mounts may share the container (set for mounts and fsck's repair, before the first
     /// write): groups begin with the writer lock and the state (`onGroupBegin`), commits are announced.
     public var coherent = false
@@ -150,6 +156,16 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
                 "SET synchronous_commit = on; SET default_transaction_isolation = 'read committed'"
                     + (readOnly ? "; SET default_transaction_read_only = on" : "; SET idle_in_transaction_session_timeout = '60s'"))
         } catch { throw StoreError.postgres(error) }
+        try nameSession()
+    }
+
+    /// A writer with a lease calls its session after it (`PostgresSQL.writerPrefix`): the other mounts
+    /// can then end it once the lease lapses while it holds the writer lock (`endLapsedWriter`).
+    func nameSession() throws(StoreError) {
+        guard let holder = fenceHolder, !readOnly else { return }
+        do {
+            try writer.execute("SELECT set_config('application_name', $1, false)", [.text(PostgresSQL.writerPrefix + holder)])
+        } catch { throw StoreError.postgres(error) }
     }
 
     func schemaExists() throws(StoreError) -> Bool {
@@ -260,7 +276,7 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             try c.execute("SET lock_timeout = '\(joinWait)s'")
             try c.execute(sql.joinLock, [.text(sql.schema)])
         } catch {
-            if error.sqlState == SQLState("55P03") {
+            if error.sqlState == .lockNotAvailable {
                 throw .unavailable("another mount of this container did not answer within \(joinWait) s (a stopped process?)")
             }
             throw .postgres(error)
@@ -270,6 +286,9 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
 
     /// How long `join` waits, in seconds: half a lease (tests shorten it).
     var joinWait = max(1, PostgresLease.duration / 2)
+    /// How long one wait for the writer lock lasts, in seconds, before the waiter looks for a holder
+    /// whose lease lapsed: a lease's renewal period, at least a second (tests shorten it).
+    var lockSlice = max(1, PostgresLease.renewEvery)
 
     /// This mount's lease row was taken again after it lapsed (the mount was cut off from the server
     /// meanwhile, and a mount alone may have started trusting that it is): the next group joins anew.

@@ -92,13 +92,31 @@ struct PostgresSQL: Sendable {
     // Several mounts at once (docs/FORMAT.md): the container's writer lock, taken first in every group
     // transaction (a transaction-level advisory lock, so a lost connection releases it), the sealed
     // state read under it, and the commit's notification to the other mounts.
-    var writerLock: String { "SELECT pg_advisory_xact_lock(\(Self.lockSpace), hashtext($1))" }
+    /// The writer lock, waited for `$2` at most (the transaction's lock_timeout, set first): between
+    /// waits the waiter looks for a holder to end (`endLapsedWriter`).
+    var writerLock: String { "SELECT set_config('lock_timeout', $2, true), pg_advisory_xact_lock(\(Self.lockSpace), hashtext($1))" }
     /// The writer lock when no other mount holds it or waits for it (false otherwise: that mount is
     /// asked to end its group first, `wantPrefix`).
     var tryWriterLock: String { "SELECT pg_try_advisory_xact_lock(\(Self.lockSpace), hashtext($1))" }
-    /// The writer lock shared: it waits for any group open on another mount (close-to-open), not
-    /// for other mounts that only look.
-    var writerLockShared: String { "SELECT pg_advisory_xact_lock_shared(\(Self.lockSpace), hashtext($1))" }
+    /// The writer lock shared, waited for as `writerLock`: it waits for any group open on another mount
+    /// (close-to-open), not for other mounts that only look.
+    var writerLockShared: String {
+        "SELECT set_config('lock_timeout', $2, true), pg_advisory_xact_lock_shared(\(Self.lockSpace), hashtext($1))"
+    }
+    /// What a writer session calls itself (`application_name`): its mount's lease holder, so a waiter can
+    /// tell whose session holds the writer lock.
+    static let writerPrefix = "coffer "
+    /// Ends the session holding the writer lock (the backend's pid from pg_locks) when it is a mount's
+    /// writer (`writerPrefix`) whose lease has lapsed: a machine stopped, suspended or cut off in the
+    /// middle of a group (mid-statement the server would wait for it without limit). Its group is lost
+    /// as in a crash. The role may end its own sessions; another role's need pg_signal_backend (42501).
+    var endLapsedWriter: String {
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            + "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = \(Self.lockSpace)::oid AND l.objid = hashtext($1)::oid "
+            + "AND l.objsubid = 2 AND a.datname = current_database() AND a.pid <> pg_backend_pid() "
+            + "AND starts_with(a.application_name, '\(Self.writerPrefix)') AND NOT EXISTS (SELECT 1 FROM \(q).leases e "
+            + "WHERE e.holder = substr(a.application_name, \(Self.writerPrefix.count + 1)) AND e.expires > now())"
+    }
     var tryWriterLockShared: String { "SELECT pg_try_advisory_xact_lock_shared(\(Self.lockSpace), hashtext($1))" }
     /// A notification whose payload starts with this is a mount asking for the writer lock (the rest
     /// names it): a mount with a group open ends it soon (`PostgresListener`, `othersWaiting`).

@@ -82,9 +82,12 @@ extension PostgresBackend {
             return try idle { c in
                 let r = try c.pipeline([PGStatement(sql.tryWriterLockShared, lock, prepared: true), PGStatement(sql.stateRow, prepared: true)])
                 if r.count == 2, try r[0].bool(0, 0) == true { return try r[1].bytes(0, 0) }
-                _ = try c.pipeline([askForTheWriterLock])
-                let w = try c.pipeline([PGStatement(sql.writerLockShared, lock, prepared: true), PGStatement(sql.stateRow, prepared: true)])
-                return w.count == 2 ? try w[1].bytes(0, 0) : nil
+                return try waitingForTheWriterLock(c) {
+                    let w = try c.pipeline([
+                        PGStatement(sql.writerLockShared, lock + [.text(lockTimeout)], prepared: true), PGStatement(sql.stateRow, prepared: true)
+                    ])
+                    return w.count == 2 ? try w[1].bytes(0, 0) : nil
+                }
             }
         }
     }
@@ -95,6 +98,32 @@ extension PostgresBackend {
     private var askForTheWriterLock: PGStatement {
         PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.wantPrefix + (fenceHolder ?? ""))], prepared: true)
     }
+
+    /// Runs `wait` (a wait for the writer lock of at most `lockSlice` seconds, outside any transaction when it
+    /// fails) until it gets the lock: before each wait (`first` ahead of the first ask, in its round
+    /// trip) the holder is asked to end its group, and after
+    /// each wait that ran out a holder whose lease has lapsed is ended (`endLapsedWriter`), so a stopped
+    /// machine holds the others up for a lease and a slice at most, whatever it stopped in.
+    private func waitingForTheWriterLock<T>(_ c: PGConnection, first: [PGStatement] = [], _ wait: () throws -> T) throws -> T {
+        var ask = first + [askForTheWriterLock]
+        while true {
+            _ = try c.pipeline(ask)
+            ask = [askForTheWriterLock]
+            do {
+                return try wait()
+            } catch {
+                guard (error as? PGError)?.sqlState == .lockNotAvailable else { throw error }
+            }
+            do {
+                _ = try c.execute(sql.endLapsedWriter, [.text(sql.schema)], prepared: true)
+            } catch {
+                // Another role's session, without pg_signal_backend (README): waited for until it goes on or ends.
+                guard error.sqlState == .insufficientPrivilege else { throw error }
+            }
+        }
+    }
+
+    private var lockTimeout: String { "\(Int(lockSlice * 1000))ms" }
 
     /// Opens the group transaction (with the writer held). Nothing is open yet, so it is safe to run
     /// again after a reconnect. With several mounts: the writer lock, the sealed state and the number of
@@ -113,17 +142,25 @@ extension PostgresBackend {
             (state, mounts) = try idle { c in
                 // Held elsewhere (or waited for): roll back, ask its holder to end its group, then wait.
                 func group(trying: Bool) throws -> (got: Bool, state: [UInt8]?, mounts: Int64) {
-                    let r = try c.pipeline([
-                        PGStatement("BEGIN"), PGStatement(trying ? sql.tryWriterLock : sql.writerLock, [.text(sql.schema)], prepared: true),
-                        PGStatement(sql.stateRow, prepared: true), PGStatement(sql.liveMounts, prepared: true)
-                    ])
-                    guard r.count == 4 else { return (true, nil, 0) }
+                    let lock =
+                        trying
+                        ? PGStatement(sql.tryWriterLock, [.text(sql.schema)], prepared: true)
+                        : PGStatement(sql.writerLock, [.text(sql.schema), .text(lockTimeout)], prepared: true)
+                    // A waited lock's timeout goes back to the session's for the rest of the group.
+                    let r = try c.pipeline(
+                        [PGStatement("BEGIN"), lock, PGStatement(sql.stateRow, prepared: true), PGStatement(sql.liveMounts, prepared: true)]
+                            + (trying ? [] : [PGStatement("SET LOCAL lock_timeout TO DEFAULT")]))
+                    guard r.count >= 4 else { return (true, nil, 0) }
                     return (trying ? try r[1].bool(0, 0) ?? false : true, try r[2].bytes(0, 0), try r[3].int64(0, 0) ?? 0)
                 }
                 let tried = try group(trying: true)
                 if tried.got { return (tried.state, tried.mounts) }
-                _ = try c.pipeline([PGStatement("ROLLBACK"), askForTheWriterLock])
-                let waited = try group(trying: false)
+                let waited = try waitingForTheWriterLock(c, first: [PGStatement("ROLLBACK")]) {
+                    do { return try group(trying: false) } catch {
+                        if c.inTransaction { _ = try c.pipeline([PGStatement("ROLLBACK")]) }
+                        throw error
+                    }
+                }
                 return (waited.state, waited.mounts)
             }
         } catch {
