@@ -48,6 +48,11 @@ public final class Checker {
         }
     }
 
+    /// The result for a store file SQLite cannot open for its damage: nothing else can be checked.
+    public static func unopenable(_ why: String) -> CheckResult {
+        CheckResult(
+            problems: [Problem(.storeFileDamaged, "SQLite cannot open it: \(why)", repair: pageRepair)], counts: CheckCounts(), plan: RepairPlan())
+    }
     static let pageRepair = "none: SQLite cannot mend a damaged page; restore a backup (coffer copy), or copy out the files that still read"
 
     /// Below the sealed rows: the store file itself. SQLite's own check first: on a damaged file the scans for

@@ -114,11 +114,23 @@ extension CofferFileSystem {
             // holds: its rows are gone, and an attribute put now would outlive them (fsck: unreferenced-xattr).
             let s = try state(ino)
             guard !s.deleted else { throw .notFound }
+            try checkNameListRoom(ino, adding: name)
             do { try store.putXattr(ino, name: name, value: value) } catch { throw fsError(error) }
             s.record.ctime = .now()
             s.dirty = true
         }
     }
+
+    /// The kernel lists at most 64 KiB of names (XATTR_LIST_MAX): past that listxattr fails with E2BIG,
+    /// and cp -a and rsync -X lose every attribute of the file. So a new name that would not fit is ENOSPC,
+    /// as ext4 answers when its attribute block is full. Call under `meta`.
+    private func checkNameListRoom(_ ino: InodeNumber, adding name: [UInt8]) throws(FSError) {
+        let names: [[UInt8]]
+        do { names = try store.xattrs(ino).map(\.name) } catch { throw fsError(error, "xattrs of inode \(ino)") }
+        guard !names.contains(name) else { return }
+        if names.reduce(name.count + 1, { $0 + $1.count + 1 }) > Self.nameListLimit { throw .noSpace }
+    }
+    static let nameListLimit = 65536
 
     /// Refuses an xattr put on a symlink (EPERM), XATTR_CREATE of a name `ino` has (EEXIST), XATTR_REPLACE of
     /// one it lacks (ENODATA). Call under `meta`.

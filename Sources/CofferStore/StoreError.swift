@@ -8,6 +8,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case unknownTransformer(kind: String, transformer: String)
     case missingKind(String)
     case notAStore(String)
+    /// SQLite finds the store file damaged where it must read to open it (truncated, pages overwritten).
+    case damagedFile(String)
     /// The store file's schema has objects Coffer never makes (StoreFileCheck.swift), named here.
     case foreignObjects(String)
     case wrongContainer
@@ -36,6 +38,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
             return "store names transformer \"\(t)\" for \(kind), which this coffer does not have (refusing to open)"
         case .missingKind(let k): return "store does not declare entity kind \"\(k)\" (refusing to open)"
         case .notAStore(let why): return "not a Coffer entity store: \(why)"
+        case .damagedFile(let why):
+            return "the store file is damaged (\(why)): nothing in place can mend it; restore a backup (coffer copy)"
         case .foreignObjects(let names):
             return "the store file holds \(names), which Coffer never makes (edited or hostile): `coffer fsck --repair` removes it (refusing to open)"
         case .wrongContainer: return "the entity store belongs to another container (refusing to open)"

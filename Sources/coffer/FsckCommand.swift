@@ -84,6 +84,8 @@ struct FsckCommand: ParsableCommand {
         let result: CheckResult
         do {
             result = try check(c, keys: keys)
+        } catch StoreError.damagedFile(let why) {
+            result = Checker.unopenable(why)  // reported as a problem, not as fsck failing to run
         } catch { return fail(CLIFailure.from(error).message, &report) }
         report.found = result
         if !json { printProblems(result, heading: "coffer fsck \(c.root)") }

@@ -443,6 +443,30 @@ struct PosixTests {
         #expect(!other.ok, "\(other)")
     }
 
+    /// Attribute names past the kernel's 64 KiB list: the one that would not fit is ENOSPC (as ext4 when its
+    /// block is full), so the file's attributes stay listable and `cp -a` keeps them all. Every put was
+    /// taken before (a tester's find): listxattr then failed with E2BIG and cp -a dropped them silently.
+    @Test func attributeNamesPastTheListLimitAreRefused() throws {
+        let sb = try Sandbox("xattrlist")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let put = E2E.py(
+            """
+            import errno, os, sys
+            f = sys.argv[1] + '/x'
+            open(f, 'w').close()
+            for i in range(300):
+                try: os.setxattr(f, 'user.%03d' % i + 'x' * 245, b'v')
+                except OSError as e:
+                    print(i, errno.errorcode[e.errno]); break
+            print(len(os.listxattr(f)))
+            """, [sb.mnt])
+        // 258 names of 253 bytes (254 with their NUL) fill 65,532 bytes; the 259th would not fit.
+        #expect(put.ok && put.stdout == "258 ENOSPC\n258\n", "\(put)")
+        #expect(E2E.sh("cp -a '\(sb.mnt)/x' '\(sb.mnt)/y'").ok)
+        #expect(E2E.py("import os, sys; print(len(os.listxattr(sys.argv[1])))", [sb.mnt + "/y"]).stdout == "258\n")
+    }
+
     /// Coffer keeps no security.*, system.* or trusted.* attributes and says so with EOPNOTSUPP, as ext4 mounted
     /// noacl does. `ls -l` remembers that per device: it then stops asking for security.selinux and
     /// system.posix_acl_access on every entry (ENODATA cost two GETXATTR round trips per entry).

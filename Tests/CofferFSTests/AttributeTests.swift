@@ -261,6 +261,15 @@ struct AttributeTests {
         #expect(Set(try f.fs.listxattr(ino)) == [b("user.b"), b("user.empty"), b("user." + String(repeating: "n", count: 250))])
         #expect(try f.fs.getxattr(root, name: b("user.dir")) == b("d"))
         #expect(try f.fs.getxattr(ino, name: b("user." + String(repeating: "n", count: 250))).count == 65536)
+        // Names past the kernel's 64 KiB list (XATTR_LIST_MAX) could not be listed: ENOSPC, as ext4 when full.
+        let many = try f.file("many")
+        let names = (0..<300).map { b("user." + String(format: "%03d", $0) + String(repeating: "x", count: 245)) }
+        for name in names.prefix(258) { try f.fs.setxattr(many, name: name, value: b("v"), flags: 0) }
+        expectError(FSError.noSpace) { try f.fs.setxattr(many, name: names[258], value: b("v"), flags: 0) }
+        try f.fs.setxattr(many, name: names[0], value: b("replaced"), flags: 0)  // a name it has takes no more room
+        try f.fs.removexattr(many, name: names[1])
+        try f.fs.setxattr(many, name: names[258], value: b("v"), flags: 0)
+        #expect(try f.fs.listxattr(many).count == 258)
         // Unlinking a file removes its xattrs.
         try f.fs.unlink(parent: root, name: b("f"))
         #expect(try f.store.xattrs(ino).isEmpty)

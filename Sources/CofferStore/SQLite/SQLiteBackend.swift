@@ -183,7 +183,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         if !readOnly { _ = exclusiveByDefault }
         let pool: DatabasePool
         do { pool = try DatabasePool(path: location, configuration: configuration(readOnly: readOnly)) } catch {
-            throw .notAStore("\(error)")
+            throw unopenable(error, path)
         }
         let backend = SQLiteBackend(path: path, pool: pool, readOnly: readOnly, location: location)
         backend.foreignPolicy = foreign
@@ -205,7 +205,7 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
         do {
             try Self.configureWriter(pool)
             try readSettings()
-        } catch { throw .notAStore("\(error)") }
+        } catch { throw Self.unopenable(error, path) }
         if foreignPolicy == .repair { try repairStoreFile() }
         Self.keepSharedMemoryFile(path)
         checkpointer = Checkpointer(path: path)
@@ -241,7 +241,19 @@ public final class SQLiteBackend: StoreBackend, @unchecked Sendable {
                 }
                 return StoreSchema(kinds: kinds, meta: meta)
             }
-        } catch { throw .notAStore("\(error)") }
+        } catch { throw Self.unopenable(error, path) }
+    }
+
+    /// Why a store file cannot be opened: damaged, when SQLite says so (SQLITE_CORRUPT, SQLITE_NOTADB) of a
+    /// file that starts as a SQLite database does (a truncated or overwritten one), else not a store at all.
+    static func unopenable(_ error: any Error, _ path: String) -> StoreError {
+        if let e = error as? DatabaseError, e.resultCode == .SQLITE_CORRUPT || e.resultCode == .SQLITE_NOTADB,
+            let file = FileHandle(forReadingAtPath: path), let start = try? file.read(upToCount: 16),
+            Array(start) == Array("SQLite format 3\0".utf8)
+        {
+            return .damagedFile(e.message ?? "\(e.resultCode)")
+        }
+        return .notAStore("\(error)")
     }
 
     public func initializeSchema(_ schema: StoreSchema) throws(StoreError) {
