@@ -137,9 +137,11 @@ struct TreeWalk {
         }
     }
 
-    /// Walks the inodes the root does not reach, starting from those no unreachable directory names
-    /// (then from any left, which sit in cycles of their own). Returns the starting points: what a
-    /// repair links into /lost+found.
+    /// Walks the inodes the root does not reach, starting from those no unreachable directory names,
+    /// then from the directories left (which sit in cycles of their own: a file one of them names is
+    /// reached through it, not made a start of its own, which would give it a second name in
+    /// /lost+found), then from anything still left. Returns the starting points: what a repair links
+    /// into /lost+found.
     mutating func walkUnreachable(_ unreachable: [UInt64]) -> [UInt64] {
         let set = Set(unreachable)
         var named = Set<UInt64>()
@@ -147,11 +149,13 @@ struct TreeWalk {
             for e in groups[d] ?? [] where set.contains(e.record.ino) && e.record.ino != d { named.insert(e.record.ino) }
         }
         var starts: [UInt64] = []
-        for pass in 0..<2 {
-            for ino in unreachable where !reached.contains(ino) && (pass == 1 || !named.contains(ino)) {
+        let records = self.records
+        let isDirectory = { (ino: UInt64) in records[ino].map(Checker.isDirectory) == true }
+        for pass in 0..<3 {
+            for ino in unreachable where !reached.contains(ino) && (pass == 0 ? !named.contains(ino) : pass == 2 || isDirectory(ino)) {
                 starts.append(ino)
                 let label = "<unreachable \(ino)>"
-                if records[ino].map(Checker.isDirectory) == true {
+                if isDirectory(ino) {
                     walk(from: ino, path: label)
                 } else {
                     reached.insert(ino)

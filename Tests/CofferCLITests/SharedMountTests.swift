@@ -323,7 +323,45 @@ struct SharedMountTests {
         t.unmountAndCheck()
     }
 
-    /// Both machines rename the same files out of one directory into their own at once: every file
+    /// A directory is never moved below itself across machines. Each machine's kernel checks that on what
+    /// it cached, which the other's moves leave behind: two machines each moving one of two directories
+    /// into the other, at once, both succeeded and made a cycle no path reaches (everything below gone
+    /// from every mount, fsck: cycle, unreachable); so did a move into a working directory another
+    /// machine had moved below the directory moved (a tester's finds). One of the two now gets EINVAL.
+    @Test func aDirectoryIsNeverMovedBelowItselfAcrossMachines() throws {
+        let t = try TwoMachines("cycle")
+        defer { t.cleanup() }
+        // Into a working directory the other machine moved below: B's kernel still has Y at the root.
+        let setup = E2E.sh("mkdir -p \(t.a)/X/sub \(t.a)/Y && echo precious > \(t.a)/X/sub/file && sleep 0.3 && ls \(t.b)/Y")
+        try #require(setup.ok, "\(setup)")
+        let moved = E2E.sh("cd \(t.b)/Y && mv \(t.a)/Y \(t.a)/X/Y && sleep 1.5 && mv \(t.b)/X ./Xin")
+        #expect(!moved.ok && moved.stderr.contains("to a subdirectory of itself"), "\(moved)")  // EINVAL
+        #expect(E2E.readText(t.a + "/X/sub/file") == "precious\n" && E2E.readText(t.b + "/X/sub/file") == "precious\n")
+        #expect(FileManager.default.fileExists(atPath: t.a + "/X/Y"))
+        // At once: one of each pair is moved into the other, never both.
+        let r = E2E.py(
+            """
+            import os, sys, threading, time
+            a, b = sys.argv[1], sys.argv[2]
+            cycles = 0
+            for i in range(12):
+                p, q = f"P{i}", f"Q{i}"
+                os.mkdir(f"{a}/{p}"); os.mkdir(f"{a}/{q}")
+                time.sleep(0.2); os.stat(f"{b}/{p}"); os.stat(f"{b}/{q}")
+                def move(root, x, y):
+                    try: os.rename(f"{root}/{x}", f"{root}/{y}/{x}")
+                    except OSError: pass
+                ts = [threading.Thread(target=move, args=(a, p, q)), threading.Thread(target=move, args=(b, q, p))]
+                [x.start() for x in ts]; [x.join() for x in ts]
+                top = [n for n in os.listdir(a) if n in (p, q)]
+                if len(top) != 1: cycles += 1
+            print("cycles", cycles)
+            """, [t.a, t.b], timeout: 120)
+        #expect(r.ok && r.stdout == "cycles 0\n", "\(r)")
+        t.unmountAndCheck()
+    }
+
+    /// Both machines rename the same files out of one directory into their own at once: every file    /// Both machines rename the same files out of one directory into their own at once: every file
     /// ends up in exactly one place (never lost, never doubled), the loser gets ENOENT.
     @Test func renameRaceLosesAndDoublesNothing() throws {
         let t = try TwoMachines("rename")

@@ -337,6 +337,36 @@ import CofferStoreTestSupport
         #expect(deep == b("deep"))
     }
 
+    /// Two directories that name each other and nothing else names (two machines moving them into each
+    /// other, before that was refused): the repair links the cycle into /lost+found once, and each file
+    /// in it keeps one name. A file met before its directory became a start of its own, so it got a
+    /// second name in /lost+found and a link count of 2 (a tester's find).
+    @Test func anUnreachableCycleIsRecoveredWithOneNamePerFile() throws {
+        let fx = try CheckFixture()
+        defer { fx.cleanup() }
+        let p = try fx.mkdir("p"), q = try fx.mkdir("q")
+        var files: [InodeNumber] = []
+        for i in 0..<8 {
+            files.append(try fx.file("fp\(i)", in: p, b("p\(i)")))
+            files.append(try fx.file("fq\(i)", in: q, b("q\(i)")))
+        }
+        fx.unmount()
+        try fx.edit { s in
+            try s.deleteEntry(parent: rootIno, name: b("p"))
+            try s.deleteEntry(parent: rootIno, name: b("q"))
+            try s.putEntry(parent: p, DirectoryEntryRecord(name: b("q"), ino: q, type: UInt32(S_IFDIR)))
+            try s.putEntry(parent: q, DirectoryEntryRecord(name: b("p"), ino: p, type: UInt32(S_IFDIR)))
+        }
+
+        let r = try fx.check()
+        #expect(has(r, .cycle), "\(kinds(r))")
+        #expect(!r.problems.contains { $0.kind == .unreachable && files.contains($0.inode ?? 0) }, "\(kinds(r))")
+        try fx.repairAndRecheck(r)
+        try fx.mount()
+        #expect(try fx.names("/lost+found").count == 1, "the cycle is linked in once")
+        for f in files { #expect(try fx.mounted.getattr(f).nlink == 1) }
+    }
+
     @Test func unreferencedContentIsDropped() throws {
         let fx = try CheckFixture()
         defer { fx.cleanup() }
