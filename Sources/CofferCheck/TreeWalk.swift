@@ -138,32 +138,40 @@ struct TreeWalk {
     }
 
     /// Walks the inodes the root does not reach, starting from those no unreachable directory names,
-    /// then from the directories left (which sit in cycles of their own: a file one of them names is
-    /// reached through it, not made a start of its own, which would give it a second name in
-    /// /lost+found), then from anything still left. Returns the starting points: what a repair links
-    /// into /lost+found.
+    /// then from a member of each cycle of directories left (found by following who names a leftover
+    /// directory until one repeats: a directory or file that hangs off a cycle is reached through it,
+    /// not made a start of its own, which would give it a second name in /lost+found or split the
+    /// tree), then from anything still left. Returns the starting points: what a repair links into
+    /// /lost+found.
     mutating func walkUnreachable(_ unreachable: [UInt64]) -> [UInt64] {
         let set = Set(unreachable)
-        var named = Set<UInt64>()
-        for d in unreachable where records[d].map(Checker.isDirectory) == true {
-            for e in groups[d] ?? [] where set.contains(e.record.ino) && e.record.ino != d { named.insert(e.record.ino) }
-        }
-        var starts: [UInt64] = []
         let records = self.records
         let isDirectory = { (ino: UInt64) in records[ino].map(Checker.isDirectory) == true }
-        for pass in 0..<3 {
-            for ino in unreachable where !reached.contains(ino) && (pass == 0 ? !named.contains(ino) : pass == 2 || isDirectory(ino)) {
-                starts.append(ino)
-                let label = "<unreachable \(ino)>"
-                if isDirectory(ino) {
-                    walk(from: ino, path: label)
-                } else {
-                    reached.insert(ino)
-                    places[ino] = .start(label)
-                    links[ino] = 0
-                }
+        var namer: [UInt64: UInt64] = [:]
+        for d in unreachable where isDirectory(d) {
+            for e in groups[d] ?? [] where set.contains(e.record.ino) && e.record.ino != d && namer[e.record.ino] == nil {
+                namer[e.record.ino] = d
             }
         }
+        var starts: [UInt64] = []
+        func start(_ ino: UInt64) {
+            starts.append(ino)
+            let label = "<unreachable \(ino)>"
+            if isDirectory(ino) {
+                walk(from: ino, path: label)
+            } else {
+                reached.insert(ino)
+                places[ino] = .start(label)
+                links[ino] = 0
+            }
+        }
+        for ino in unreachable where !reached.contains(ino) && namer[ino] == nil { start(ino) }
+        for d in unreachable where !reached.contains(d) && isDirectory(d) {
+            var x = d, seen: Set<UInt64> = []
+            while seen.insert(x).inserted, let up = namer[x], !reached.contains(up) { x = up }
+            start(x)
+        }
+        for ino in unreachable where !reached.contains(ino) { start(ino) }
         return starts
     }
 

@@ -126,7 +126,11 @@ extension CofferFileSystem {
     /// as ext4 answers when its attribute block is full. Call under `meta`.
     private func checkNameListRoom(_ ino: InodeNumber, adding name: [UInt8]) throws(FSError) {
         let names: [[UInt8]]
-        do { names = try store.xattrs(ino).map(\.name) } catch { throw fsError(error, "xattrs of inode \(ino)") }
+        do {
+            // Each name takes 256 bytes at most with its NUL: 256 of them always fit, and none is opened.
+            guard try store.xattrCount(ino) >= Self.nameListLimit / 256 else { return }
+            names = try store.xattrs(ino).map(\.name)
+        } catch { throw fsError(error, "xattrs of inode \(ino)") }
         guard !names.contains(name) else { return }
         if names.reduce(name.count + 1, { $0 + $1.count + 1 }) > Self.nameListLimit { throw .noSpace }
     }

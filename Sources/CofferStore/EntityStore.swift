@@ -585,6 +585,9 @@ public final class EntityStore: @unchecked Sendable {
         return out
     }
 
+    /// How many xattrs an inode has, none of them opened.
+    public func xattrCount(_ ino: UInt64) throws(StoreError) -> Int { try backend.xattrs(inode: ino).count }
+
     public func deleteXattrs(_ ino: UInt64) throws(StoreError) { try backend.deleteXattrs(inode: ino) }
 
     func openXattr(_ row: XattrRow) throws(StoreError) -> ExtendedAttributeRecord {

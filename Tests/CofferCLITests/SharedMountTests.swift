@@ -361,7 +361,7 @@ struct SharedMountTests {
         t.unmountAndCheck()
     }
 
-    /// Both machines rename the same files out of one directory into their own at once: every file    /// Both machines rename the same files out of one directory into their own at once: every file
+    /// Both machines rename the same files out of one directory into their own at once: every file
     /// ends up in exactly one place (never lost, never doubled), the loser gets ENOENT.
     @Test func renameRaceLosesAndDoublesNothing() throws {
         let t = try TwoMachines("rename")

@@ -350,6 +350,8 @@ import CofferStoreTestSupport
             files.append(try fx.file("fp\(i)", in: p, b("p\(i)")))
             files.append(try fx.file("fq\(i)", in: q, b("q\(i)")))
         }
+        // Directories hanging off the cycle, with a file each: reached through it, not linked in apart.
+        for i in 0..<4 { files.append(try fx.file("deep", in: try fx.mkdir("sub\(i)", in: i % 2 == 0 ? p : q), b("deep\(i)"))) }
         fx.unmount()
         try fx.edit { s in
             try s.deleteEntry(parent: rootIno, name: b("p"))
@@ -361,6 +363,7 @@ import CofferStoreTestSupport
         let r = try fx.check()
         #expect(has(r, .cycle), "\(kinds(r))")
         #expect(!r.problems.contains { $0.kind == .unreachable && files.contains($0.inode ?? 0) }, "\(kinds(r))")
+        #expect(!r.problems.contains { $0.kind == .directoryLinkedTwice }, "\(kinds(r))")
         try fx.repairAndRecheck(r)
         try fx.mount()
         #expect(try fx.names("/lost+found").count == 1, "the cycle is linked in once")

@@ -119,9 +119,10 @@ struct PostgresContainerTests {
     }
 
     /// A stopped mount of another role (its writer session holding the writer lock, its lease gone): a
-    /// role without pg_signal_backend may not end it, so its mount waits (no error) until the session
-    /// ends; with the grant README.md lists as optional, it ends it and goes on.
-    @Test func aStoppedWriterOfAnotherRoleIsEndedOnlyWithPgSignalBackend() throws {
+    /// role without pg_signal_backend and pg_read_all_stats may not end it (nor see that it stalls), so
+    /// its mount waits (no error) until the session ends; with the grants README.md lists as optional, it
+    /// ends it and goes on.
+    @Test func aStoppedWriterOfAnotherRoleIsEndedOnlyWithTheGrants() throws {
         let cluster = try TestPostgres.cluster()
         let tag = UUID().uuidString.prefix(8).lowercased()
         let (owner, user, name) = ("owner_\(tag)", "user_\(tag)", "team_\(tag)")
@@ -144,7 +145,7 @@ struct PostgresContainerTests {
         store.shareWithOtherMounts(floor: 0)
         try #require(store.backend as? PostgresBackend).lockSlice = 0.2
         for granted in [false, true] {
-            if granted { try cluster.psql("GRANT pg_signal_backend TO \(user)") }
+            if granted { try cluster.psql("GRANT pg_signal_backend, pg_read_all_stats TO \(user)") }
             // The owner's stopped mount: named after a holder with no lease row.
             let stuck = try PGConnection(try location(owner).conninfo)
             defer { stuck.close() }

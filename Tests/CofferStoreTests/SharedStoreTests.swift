@@ -147,8 +147,9 @@ struct SharedStoreTests {
 
     /// A session holding the writer lock in the name of a mount (`writerPrefix` and its lease holder) that
     /// does not go on: a machine stopped in the middle of a statement, which the server waits for without
-    /// limit (here a session with no idle timeout). While its lease is live it is waited for; once the
-    /// lease lapses the waiting mount ends that session and begins its group.
+    /// limit (here a session with no idle timeout). While its lease is live, or while it runs a statement,
+    /// it is waited for; once it stalls on its client with its lease lapsed, the waiting mount ends that
+    /// session and begins its group.
     @Test func aWriterWhoseLeaseLapsedIsEndedByTheNextWaiter() throws {
         let made = try TestStore.create(.postgres, in: "")
         let location = try #require(made.location)
@@ -182,15 +183,23 @@ struct SharedStoreTests {
         usleep(1_500_000)
         #expect(!began.withLock { $0 }, "a holder whose lease is live is waited for")
         #expect(try stuckIsAlive())
+        // Its lease lapses while it works (a statement running, not waiting on its client): still waited for.
+        let working = Thread { _ = try? stuck.execute("SELECT pg_sleep(2)") }
+        working.start()
+        usleep(200_000)
         try look.execute(
             "UPDATE \(PostgresSQL(schema: location.container).q).leases SET expires = now() - interval '1 second' WHERE holder = $1",
             [.text(stopped.me.holder)])
+        usleep(1_200_000)
+        #expect(!began.withLock { $0 }, "a holder that works is waited for, lease or not")
+        #expect(try stuckIsAlive())
+        // Then it stalls on its client (idle in its transaction) with its lease lapsed: ended.
         let ended = waitUntil(10, every: 0.05) { began.withLock { $0 } }
         if !ended { stuck.close() }  // lets the waiter go, so the test ends
         #expect(ended, "the waiter ended the session of the lapsed lease")
         _ = waitUntil(10) { began.withLock { $0 } }
         #expect(failure.withLock { $0 } == nil, "\(String(describing: failure.withLock { $0 }))")
-        #expect(try !stuckIsAlive())
+        #expect(waitUntil(5) { (try? stuckIsAlive()) == false }, "the stopped session was ended")
         let backend = try #require(b.backend as? PostgresBackend)
         #expect(try backend.read { try $0.execute("SHOW lock_timeout").text(0, 0) } == "0", "the group waits for other locks as before")
         try b.putInode(90, sampleInode(size: 90))

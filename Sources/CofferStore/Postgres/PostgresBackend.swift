@@ -27,13 +27,7 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// The lease holder id this store commits under (a mount, fsck's repair): every commit renews the
     /// lease in its own transaction and fails with `leaseLost` when another mount took it. Set right
     /// after opening, before the first commit.
-    public var fenceHolder: String? {
-        didSet {
-            writerLock.lock()
-            defer { writerLock.unlock() }
-            _ = try? nameSession()
-        }
-    }
+    public var fenceHolder: String?
     /// Several mounts may share the container (set for mounts and fsck's repair, before the first
     /// write): groups begin with the writer lock and the state (`onGroupBegin`), commits are announced.
     public var coherent = false
@@ -101,6 +95,10 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// A read snapshot is open (`beginSnapshot`), and whether its connection was lost since.
     let snapshot = Mutex(false), snapshotLost = Mutex(false)
     let closed = Atomic<Bool>(false)
+    /// The writer session is named after this mount's lease holder (`PostgresSQL.writerPrefix`), so that
+    /// the other mounts can end it once the lease lapses while it holds the writer lock and stalls
+    /// (`endLapsedWriter`): done at a group's begin, again after a reconnect. Behind `writerLock`.
+    var named = false
 
     private init(location: PostgresLocation, writer: PGConnection, readOnly: Bool, reconnectWait: Double) throws(StoreError) {
         self.location = location
@@ -155,16 +153,6 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             try writer.executeScript(
                 "SET synchronous_commit = on; SET default_transaction_isolation = 'read committed'"
                     + (readOnly ? "; SET default_transaction_read_only = on" : "; SET idle_in_transaction_session_timeout = '60s'"))
-        } catch { throw StoreError.postgres(error) }
-        try nameSession()
-    }
-
-    /// A writer with a lease calls its session after it (`PostgresSQL.writerPrefix`): the other mounts
-    /// can then end it once the lease lapses while it holds the writer lock (`endLapsedWriter`).
-    func nameSession() throws(StoreError) {
-        guard let holder = fenceHolder, !readOnly else { return }
-        do {
-            try writer.execute("SELECT set_config('application_name', $1, false)", [.text(PostgresSQL.writerPrefix + holder)])
         } catch { throw StoreError.postgres(error) }
     }
 

@@ -106,14 +106,20 @@ struct PostgresSQL: Sendable {
     /// What a writer session calls itself (`application_name`): its mount's lease holder, so a waiter can
     /// tell whose session holds the writer lock.
     static let writerPrefix = "coffer "
+    static let nameSession = "SELECT set_config('application_name', $1, false)"
     /// Ends the session holding the writer lock (the backend's pid from pg_locks) when it is a mount's
-    /// writer (`writerPrefix`) whose lease has lapsed: a machine stopped, suspended or cut off in the
-    /// middle of a group (mid-statement the server would wait for it without limit). Its group is lost
-    /// as in a crash. The role may end its own sessions; another role's need pg_signal_backend (42501).
+    /// writer (`writerPrefix`) that has waited on its client for longer than `$2` (an interval: nothing
+    /// sent, the group idle or a statement half sent, which the server would wait for without limit)
+    /// and whose lease has lapsed: a machine stopped, suspended or cut off in the middle of a group. A
+    /// healthy mount is never stalled that long (its groups end within a second) and renews its lease
+    /// while it runs. Its group is lost as in a crash. Only sessions this role may end: its own, or any
+    /// with pg_signal_backend; another role's state is seen only with pg_read_all_stats.
     var endLapsedWriter: String {
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             + "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = \(Self.lockSpace)::oid AND l.objid = hashtext($1)::oid "
             + "AND l.objsubid = 2 AND a.datname = current_database() AND a.pid <> pg_backend_pid() "
+            + "AND a.wait_event_type = 'Client' AND a.state_change < now() - $2::interval "
+            + "AND (pg_has_role(a.usesysid, 'MEMBER') OR pg_has_role('pg_signal_backend', 'MEMBER')) "
             + "AND starts_with(a.application_name, '\(Self.writerPrefix)') AND NOT EXISTS (SELECT 1 FROM \(q).leases e "
             + "WHERE e.holder = substr(a.application_name, \(Self.writerPrefix.count + 1)) AND e.expires > now())"
     }

@@ -99,11 +99,11 @@ extension PostgresBackend {
         PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.wantPrefix + (fenceHolder ?? ""))], prepared: true)
     }
 
-    /// Runs `wait` (a wait for the writer lock of at most `lockSlice` seconds, outside any transaction when it
-    /// fails) until it gets the lock: before each wait (`first` ahead of the first ask, in its round
-    /// trip) the holder is asked to end its group, and after
-    /// each wait that ran out a holder whose lease has lapsed is ended (`endLapsedWriter`), so a stopped
-    /// machine holds the others up for a lease and a slice at most, whatever it stopped in.
+    /// Runs `wait` (a wait for the writer lock of at most `lockSlice` seconds, outside any transaction when
+    /// it fails) until it gets the lock: before each wait (`first` ahead of the first ask, in its round
+    /// trip) the holder is asked to end its group, and after each wait that ran out a holder stalled on
+    /// its client for a slice whose lease has lapsed is ended (`endLapsedWriter`), so a stopped machine
+    /// holds the others up for about a lease and a slice, whatever it stopped in.
     private func waitingForTheWriterLock<T>(_ c: PGConnection, first: [PGStatement] = [], _ wait: () throws -> T) throws -> T {
         var ask = first + [askForTheWriterLock]
         while true {
@@ -115,9 +115,9 @@ extension PostgresBackend {
                 guard (error as? PGError)?.sqlState == .lockNotAvailable else { throw error }
             }
             do {
-                _ = try c.execute(sql.endLapsedWriter, [.text(sql.schema)], prepared: true)
+                _ = try c.execute(sql.endLapsedWriter, [.text(sql.schema), .text(lockTimeout)], prepared: true)
             } catch {
-                // Another role's session, without pg_signal_backend (README): waited for until it goes on or ends.
+                // A superuser's session, which only a superuser may end: waited for until it goes on or ends.
                 guard error.sqlState == .insufficientPrivilege else { throw error }
             }
         }
@@ -140,18 +140,26 @@ extension PostgresBackend {
         let state: [UInt8]?, mounts: Int64
         do {
             (state, mounts) = try idle { c in
+                if !named, let holder = fenceHolder {  // not yet, or that failed at the last reconnect
+                    try c.execute(PostgresSQL.nameSession, [.text(PostgresSQL.writerPrefix + holder)])
+                    named = true
+                }
                 // Held elsewhere (or waited for): roll back, ask its holder to end its group, then wait.
                 func group(trying: Bool) throws -> (got: Bool, state: [UInt8]?, mounts: Int64) {
                     let lock =
                         trying
                         ? PGStatement(sql.tryWriterLock, [.text(sql.schema)], prepared: true)
                         : PGStatement(sql.writerLock, [.text(sql.schema), .text(lockTimeout)], prepared: true)
-                    // A waited lock's timeout goes back to the session's for the rest of the group.
+                    // Once waited for, the lock's timeout goes back to the one the session started with
+                    // (the writer never sets its own) for the rest of the group.
+                    let reset = trying ? [] : [PGStatement("SET LOCAL lock_timeout TO DEFAULT")]
                     let r = try c.pipeline(
-                        [PGStatement("BEGIN"), lock, PGStatement(sql.stateRow, prepared: true), PGStatement(sql.liveMounts, prepared: true)]
-                            + (trying ? [] : [PGStatement("SET LOCAL lock_timeout TO DEFAULT")]))
-                    guard r.count >= 4 else { return (true, nil, 0) }
-                    return (trying ? try r[1].bool(0, 0) ?? false : true, try r[2].bytes(0, 0), try r[3].int64(0, 0) ?? 0)
+                        [PGStatement("BEGIN"), lock] + reset + [
+                            PGStatement(sql.stateRow, prepared: true), PGStatement(sql.liveMounts, prepared: true)
+                        ])
+                    guard r.count == 4 + reset.count else { return (true, nil, 0) }
+                    let state = try r[2 + reset.count].bytes(0, 0), mounts = try r[3 + reset.count].int64(0, 0) ?? 0
+                    return (trying ? try r[1].bool(0, 0) ?? false : true, state, mounts)
                 }
                 let tried = try group(trying: true)
                 if tried.got { return (tried.state, tried.mounts) }
@@ -304,6 +312,7 @@ extension PostgresBackend {
     private func reconnect() throws(StoreError) {
         do { try writer.reconnect(within: reconnectWait, store: true) } catch { throw StoreError.postgres(error) }
         reconnected.store(true, ordering: .releasing)
+        named = false
         try setUpSession()
     }
 }
