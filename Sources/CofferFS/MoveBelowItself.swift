@@ -25,16 +25,22 @@ extension CofferFileSystem {
         }
     }
 
-    /// Whether `wanted` is one of the directories below `dir` (every level read from the store).
+    /// Whether `wanted` is one of the directories below `dir`: read a level at a time, each level's
+    /// directories in one round trip (a few hundred at a time), since this runs under the writer lock.
     private func directories(below dir: InodeNumber, contain wanted: InodeNumber) throws(FSError) -> Bool {
-        var pending = [dir], seen: Set<InodeNumber> = [dir]
-        while let d = pending.popLast() {
-            let entries: [DirectoryEntryRecord]
-            do { entries = try store.entries(parent: d) } catch { throw fsError(error, "the entries of directory \(d)") }
-            for e in entries where e.type & UInt32(S_IFMT) == UInt32(S_IFDIR) {
-                if e.ino == wanted { return true }
-                if seen.insert(e.ino).inserted { pending.append(e.ino) }
+        var level = [dir], seen: Set<InodeNumber> = [dir]
+        while !level.isEmpty {
+            var next: [InodeNumber] = []
+            for start in stride(from: 0, to: level.count, by: 256) {
+                let batch = Array(level[start..<min(start + 256, level.count)])
+                let entries: [UInt64: [DirectoryEntryRecord]]
+                do { entries = try store.entries(parents: batch) } catch { throw fsError(error, "the entries of \(batch.count) directories") }
+                for e in entries.values.joined() where e.type & UInt32(S_IFMT) == UInt32(S_IFDIR) {
+                    if e.ino == wanted { return true }
+                    if seen.insert(e.ino).inserted { next.append(e.ino) }
+                }
             }
+            level = next
         }
         return false
     }

@@ -436,6 +436,16 @@ public final class EntityStore: @unchecked Sendable {
         try backend.deleteEntry(parentTag: parentTag(parent), tag: nameTag(parent, name))
     }
 
+    /// All entries of each directory (one round trip on a remote engine); damaged ones are skipped.
+    public func entries(parents: [UInt64]) throws(StoreError) -> [UInt64: [DirectoryEntryRecord]] {
+        let tags = parents.map(parentTag)
+        var out: [UInt64: [DirectoryEntryRecord]] = [:]
+        for (i, rows) in try backend.entries(parentTags: tags).enumerated() where i < parents.count {
+            out[parents[i]] = rows.compactMap { row in try? openEntry(tags[i] + row.tag, row.sealed, describe: "entry in directory \(parents[i])") }
+        }
+        return out
+    }
+
     /// All entries of a directory. A damaged entry is reported through `damaged` and skipped, so one
     /// bad entry does not hide its siblings.
     public func entries(parent: UInt64, damaged: (StoreError) -> Void = { _ in }) throws(StoreError) -> [DirectoryEntryRecord] {

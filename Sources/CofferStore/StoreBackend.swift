@@ -71,6 +71,8 @@ public protocol StoreBackend: AnyObject, Sendable {
     /// Up to `limit` entries (-1: all) in tag order, from the first whose tag is at least `from`.
     func entryPage(parentTag: [UInt8], from: [UInt8], limit: Int) throws(StoreError) -> [(tag: [UInt8], sealed: [UInt8])]
     func hasEntries(parentTag: [UInt8]) throws(StoreError) -> Bool
+    /// Every entry of each directory, in the order asked (one round trip on a remote engine).
+    func entries(parentTags: [[UInt8]]) throws(StoreError) -> [[(tag: [UInt8], sealed: [UInt8])]]
 
     // MARK: Content chunks (by content id and index)
 
@@ -152,6 +154,11 @@ public protocol StoreBackend: AnyObject, Sendable {
 /// A PostgreSQL server keeps its own files and schema: a hostile one can do anything a trigger could,
 /// and what it serves is checked row by row above this seam.
 extension StoreBackend {
+    public func entries(parentTags: [[UInt8]]) throws(StoreError) -> [[(tag: [UInt8], sealed: [UInt8])]] {
+        var out: [[(tag: [UInt8], sealed: [UInt8])]] = []
+        for p in parentTags { out.append(try entryPage(parentTag: p, from: [], limit: -1)) }
+        return out
+    }
     public func foreignObjects() throws(StoreError) -> [SchemaObject] { [] }
     public func mistypedRows() throws(StoreError) -> [(table: String, count: Int)] { [] }
     public func fileCheck(limit: Int) throws(StoreError) -> [String] { [] }

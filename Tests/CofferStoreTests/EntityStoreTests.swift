@@ -35,6 +35,27 @@ struct EntityStoreTests {
         }
     }
 
+    /// The entries of several directories in one call (a search below a moved directory): each directory's
+    /// own, none for one without entries, within and outside an open group.
+    @Test(arguments: StoreEngine.allCases) func entriesOfSeveralDirectoriesInOneCall(engine: StoreEngine) throws {
+        try withTempDir { dir in
+            let (store, _, _) = try makeStore(engine, in: dir)
+            defer { store.close() }
+            for (d, names) in [(10, ["a", "b"]), (11, ["c"]), (12, [])] as [(UInt64, [String])] {
+                for (i, n) in names.enumerated() {
+                    try store.putEntry(parent: d, DirectoryEntryRecord(name: b(n), ino: d * 100 + UInt64(i), type: 0o040000))
+                }
+            }
+            func names(_ got: [UInt64: [DirectoryEntryRecord]]) -> [UInt64: [String]] {
+                got.mapValues { $0.map { String(decoding: $0.name, as: UTF8.self) }.sorted() }
+            }
+            #expect(names(try store.entries(parents: [12, 10, 11])) == [10: ["a", "b"], 11: ["c"], 12: []])
+            try store.commit()
+            #expect(names(try store.entries(parents: [11, 10])) == [10: ["a", "b"], 11: ["c"]])
+            #expect(try store.entries(parents: []).isEmpty)
+        }
+    }
+
     /// A page of inodes read in one call (readdirplus): every existing id, with the full 64-bit range,
     /// none that does not exist, and a row that does not open left out rather than failing the rest.
     @Test(arguments: StoreEngine.allCases) func inodesReadInOneCall(engine: StoreEngine) throws {

@@ -83,6 +83,17 @@ extension PostgresBackend {
 
     public func hasEntries(parentTag: [UInt8]) throws(StoreError) -> Bool { try exists(sql.hasEntries, [.bytea(parentTag)]) }
 
+    /// One statement per directory, all in one pipeline.
+    public func entries(parentTags: [[UInt8]]) throws(StoreError) -> [[(tag: [UInt8], sealed: [UInt8])]] {
+        guard !parentTags.isEmpty else { return [] }
+        return try read { c in
+            let all = [PGValue.bytea([]), .int8(Int64.max)]
+            let r = try c.pipeline(parentTags.map { PGStatement(sql.entryPage, [.bytea($0)] + all, prepared: true) })
+            guard r.count == parentTags.count else { throw PGError(.unexpectedResult, "a pipeline of \(parentTags.count) answered \(r.count)") }
+            return try r.map { page in try (0..<page.rowCount).map { i in (try page.bytes(i, 0) ?? [], try page.bytes(i, 1) ?? []) } }
+        }
+    }
+
     // MARK: Chunk map pages
 
     public func chunkMapPage(file: UInt64, page: UInt64) throws(StoreError) -> [UInt8]? { try value(sql.chunkMap, [Self.id(file), Self.id(page)]) }
