@@ -23,6 +23,10 @@ struct UnmountCommand: ParsableCommand {
             }
             let daemon = entry.source.hasPrefix("/") ? ContainerLock.holder(root: entry.source) : Self.daemon(serving: mnt, owner: entry.owner)
             let exitRecord = daemon.map { DaemonExit.places(daemon: $0) } ?? ([], "", nil)
+            // No daemon found: one that ended without unmounting leaves a connection that answers ENOTCONN
+            // (looked at only then: a live daemon that is stopped would not answer at all).
+            var st = stat()
+            let died = daemon == nil && stat(mnt, &st) != 0 && errno == ENOTCONN
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
             process.arguments = ["-u"] + (lazy ? ["-z"] : []) + [mnt]
@@ -37,6 +41,11 @@ struct UnmountCommand: ParsableCommand {
                     message: busy
                         ? "\(mnt) is busy (a process uses it); close it or use --lazy"
                         : "cannot unmount \(mnt): \(why.trimmingCharacters(in: .whitespacesAndNewlines))", code: ExitStatus.failure)
+            }
+            if died {
+                throw CLIFailure(
+                    message: "unmounted, but its daemon had already ended without finishing (killed, or it crashed): "
+                        + "what it had not committed is lost; see its log, and run coffer fsck", code: ExitStatus.failure)
             }
             // The daemon commits after the kernel lets go; wait for it so "unmounted" means "durable", and say how it ended.
             if let pid = daemon, pid > 0, !lazy {

@@ -277,6 +277,26 @@ struct FsckTests {
         #expect(E2E.read(store) == before, "the repair changed nothing")
     }
 
+    /// A page whose header SQLite cannot even read (here the dirents table's root, its cell count made
+    /// huge): its own check stops with an error there. That is reported as `store-file-damaged` (4); it
+    /// was an operational error (8, "could not run") while the mount worked (a tester's find).
+    @Test func aPageTheCheckCannotReadIsReported() throws {
+        let (sb, _, _) = try Self.filled("fsckheader")
+        defer { sb.cleanup() }
+        let store = sb.container + "/store.db"
+        let q = E2E.run(
+            "/usr/bin/env", ["sqlite3", "-readonly", store, "SELECT rootpage FROM sqlite_master WHERE name = 'dirents'; PRAGMA page_size;"])
+        let numbers = q.stdout.split(separator: "\n").compactMap { Int($0) }
+        try #require(q.ok && numbers.count == 2, "\(q)")
+        let fd = open(store, O_WRONLY)
+        try #require(fd >= 0)
+        let header: [UInt8] = [0x0D, 0, 0, 0, 9]  // a leaf page's type, then a cell count no page holds
+        #expect(pwrite(fd, header, header.count, off_t((numbers[0] - 1) * numbers[1] + 3)) == header.count)
+        close(fd)
+        let found = fsck(sb)
+        #expect(found.status == 4 && found.stdout.contains("store-file-damaged: store: SQLite's check: the check stopped"), "\(found)")
+    }
+
     @Test func missingContainerIsAnOperationalError() throws {
         let r = E2E.coffer(["fsck", "/nonexistent/coffer-fsck-test", "--passfile", "/dev/null"])
         #expect(r.status == 8, "\(r)")

@@ -487,6 +487,22 @@ struct MountTests {
         #expect(!E2E.isMounted(sb.mnt))
     }
 
+    /// `coffer unmount` of a mount whose daemon was killed: it unmounts, and says (non-zero) that the daemon
+    /// ended without finishing. It returned 0 silently, and the file written last was gone (a tester's find).
+    @Test func unmountAfterTheDaemonWasKilledSaysSo() throws {
+        let sb = try Sandbox("unmountdead")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        try E2E.write(sb.mnt + "/f", "x")
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        try #require(E2E.cmdline(pid).contains(sb.container), "lock pid is not our daemon")
+        #expect(kill(pid, SIGKILL) == 0)
+        #expect(E2E.wait(10) { !E2E.isAlive(pid) })
+        let u = sb.unmount()
+        #expect(u.status == 1 && u.stderr.contains("ended without finishing"), "\(u)")
+        #expect(!E2E.isMounted(sb.mnt))
+    }
+
     @Test func autoUnmountCleansUpAfterSIGKILL() throws {
         let sb = try Sandbox("autounmount")
         defer { sb.cleanup() }

@@ -132,6 +132,12 @@ extension SQLiteBackend {
             guard lines != ["ok"] else { return [] }
             // A complaint may span lines; the first names the schema ("*** in database main ***").
             return lines.flatMap { $0.split(separator: "\n").map(String.init) }.filter { !$0.hasPrefix("*** ") }
-        } catch { throw .database("SQLite's check of the store file could not run: \(error)") }
+        } catch {
+            // A page the check cannot even read (SQLITE_CORRUPT, SQLITE_NOTADB) is itself the finding.
+            if let e = error as? DatabaseError, e.resultCode == .SQLITE_CORRUPT || e.resultCode == .SQLITE_NOTADB {
+                return ["the check stopped at a damaged page: \(e.message ?? "\(e.resultCode)")"]
+            }
+            throw .database("SQLite's check of the store file could not run: \(error)")
+        }
     }
 }
