@@ -12,6 +12,9 @@ public final class Container: @unchecked Sendable {
     /// Where the container lives (a directory's is its absolute path).
     public let location: ContainerLocation
     public private(set) var header: ContainerHeader
+    /// The header's bytes as this process read or last wrote them: a rewrite goes ahead only while the
+    /// stored header still is these (two `coffer passwd` at once: the second is refused, not lost).
+    private var stored: Data?
 
     public var headerPath: String { root + "/" + ContainerHeader.fileName }
     public var containerId: [UInt8] { [UInt8](hex: header.containerId) ?? [] }
@@ -41,7 +44,11 @@ public final class Container: @unchecked Sendable {
     public static func open(_ location: ContainerLocation) throws(ContainerError) -> Container {
         switch location {
         case .directory(let path): return try open(at: path)
-        case .postgres(let p): return Container(p, header: try decodeHeader(try PostgresHeader.read(p)))
+        case .postgres(let p):
+            let data = try PostgresHeader.read(p)
+            let c = Container(p, header: try decodeHeader(data))
+            c.stored = data
+            return c
         }
     }
 
@@ -82,7 +89,9 @@ public final class Container: @unchecked Sendable {
         guard let data = FileManager.default.contents(atPath: headerFile) else {
             throw .unreadable(path, "\(ContainerHeader.fileName): \(String(cString: strerror(errno)))")
         }
-        return Container(root: root, header: try decodeHeader(data))
+        let c = Container(root: root, header: try decodeHeader(data))
+        c.stored = data
+        return c
     }
 
     /// The header's JSON, checked for structure (the same bytes in either kind of container).
@@ -396,14 +405,23 @@ public final class Container: @unchecked Sendable {
     }
 
     /// Authenticates and writes the header atomically: for a directory temp file, fsync, rename,
-    /// fsync directory; in PostgreSQL one UPDATE of the header row.
+    /// fsync directory, under an flock of the directory; in PostgreSQL one UPDATE of the header row.
+    /// Either only if the stored header is still the one this process read (`stored`), else
+    /// `headerChanged` and nothing written.
     func writeHeader(keys: ContainerKeys) throws(ContainerError) {
         do {
             let data = try authenticatedHeaderBytes(keys: keys)
             switch location {
-            case .directory: try FileIO.writeAtomically(data, to: headerPath, mode: 0o600)
-            case .postgres(let p): try PostgresHeader.write(data, to: p)
+            case .directory:
+                let dir = Glibc.open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                guard dir >= 0 else { throw ContainerError.io("cannot open \(root): \(String(cString: strerror(errno)))") }
+                defer { close(dir) }  // and the lock with it
+                guard flock(dir, LOCK_EX) == 0 else { throw ContainerError.io("cannot lock \(root): \(String(cString: strerror(errno)))") }
+                if let stored, FileManager.default.contents(atPath: headerPath) != stored { throw ContainerError.headerChanged }
+                try FileIO.writeAtomically(data, to: headerPath, mode: 0o600)
+            case .postgres(let p): try PostgresHeader.write(data, replacing: stored, to: p)
             }
+            stored = data
         } catch let e as ContainerError { throw e } catch {
             throw .io("cannot write \(ContainerHeader.fileName): \(error)")
         }

@@ -21,6 +21,8 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
     case noMatchingSlot
     case slotNotFound(String)
     case lastSlot
+    /// The stored header is no longer the one read (another process rewrote it meanwhile).
+    case headerChanged
     case io(String)
     case crypto(String)
 
@@ -45,6 +47,9 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
         case .noMatchingSlot: return "the container has no key slot of this kind"
         case .slotNotFound(let id): return "no key slot \(id)"
         case .lastSlot: return "refusing to remove the last key slot: the container would be lost"
+        case .headerChanged:
+            return
+                "the container's header changed since this command read it (another coffer passwd at the same time?): nothing was written; run the command again"
         case .io(let why): return why
         case .crypto(let why): return "crypto failure: \(why)"
         }

@@ -52,6 +52,11 @@ struct CopyCommand: ParsableCommand {
             if case .directory(let path) = src { _ = try Container.open(at: path) }  // before any secret is asked
             let (sourceLock, snapshot) = try Self.lockOrSnapshot(src, dst)
             defer { snapshot?.taken.remove() }
+            let signals = snapshot.map { Self.removingOnSignals($0.taken) } ?? []
+            defer {
+                signals.forEach { $0.cancel() }
+                if !signals.isEmpty { [SIGINT, SIGTERM, SIGHUP].forEach { signal($0, SIG_DFL) } }
+            }
             var given: Secret?
             defer { given?.bytes.wipe() }
             try withExtendedLifetime(sourceLock) {
@@ -82,13 +87,33 @@ struct CopyCommand: ParsableCommand {
         // Test hooks: small batches, and a SIGKILL after N of them (an interrupted copy).
         let env = ProcessInfo.processInfo.environment
         if let b = env["COFFER_COPY_TEST_BATCH_BYTES"].flatMap(Int.init) { copier.batchBytes = b }
-        if let n = env["COFFER_COPY_TEST_KILL_AFTER"].flatMap(Int.init) { copier.afterBatch = { if $0 >= n { kill(getpid(), SIGKILL) } } }
+        if let n = env["COFFER_COPY_TEST_KILL_AFTER"].flatMap(Int.init) {
+            let sig = env["COFFER_COPY_TEST_KILL_SIGNAL"].flatMap(Int32.init) ?? SIGKILL
+            copier.afterBatch = { if $0 >= n { kill(getpid(), sig) } }
+        }
         do { return try copier.run() } catch let e as CopyRefusal {
             throw CLIFailure(message: e.description, code: ExitStatus.failure)
         } catch let e as StoreError where e == .diskFull {
             // Only DEST is written (the source is read in a snapshot): its disk is the full one, and no store is damaged.
             let disk = if case .directory = dst { "its disk" } else { "its server's disk" }
             throw CLIFailure(message: "DEST \(dst): no space left on \(disk); make room and run the same command again", code: ExitStatus.failure)
+        }
+    }
+
+    /// Ctrl-C, SIGTERM or SIGHUP in the middle of a copy: the snapshot (as large as the store) goes, then the
+    /// copy ends as the signal ends it (running the same command again resumes it). A copy killed outright
+    /// leaves it to the next copy near there (`DaemonSnapshot.removeAbandoned`).
+    private static func removingOnSignals(_ snapshot: DaemonSnapshot) -> [DispatchSourceSignal] {
+        [SIGINT, SIGTERM, SIGHUP].map { sig in
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler {
+                snapshot.remove()
+                signal(sig, SIG_DFL)
+                raise(sig)
+            }
+            source.resume()
+            return source
         }
     }
 

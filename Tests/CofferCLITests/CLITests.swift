@@ -211,6 +211,36 @@ struct CLITests {
         #expect(slots(inInfo: info.stdout).count == 2, "a password change must not add slots: \(info)")
     }
 
+    /// Six `coffer passwd --add-password` at once: each either adds its slot (and its password then opens
+    /// the container) or says the header changed under it and writes nothing. All six said "added" and five
+    /// of the passwords did not open: each wrote the header it had read plus its own slot (a tester's find).
+    @Test func passwdsAtOnceLoseNoSlotTheyReport() throws {
+        let sb = try Sandbox("passwdrace")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        var script = ""
+        for i in 0..<6 {
+            try E2E.write(sb.root + "/p\(i)", "password-\(i)-\(sb.password)\n")
+            let args = (["passwd", sb.container, "--passfile", sb.passfile, "--add-password", "--new-passfile", sb.root + "/p\(i)"] + Sandbox.kdfArgs)
+            script += "('\(E2E.coffer)' \(args.map { "'\($0)'" }.joined(separator: " ")) > \(sb.root)/out\(i) 2>&1; echo $? > \(sb.root)/rc\(i)) &\n"
+        }
+        #expect(E2E.sh(script + "wait", timeout: 120).ok)
+        var added = 0
+        for i in 0..<6 {
+            let rc = E2E.readText(sb.root + "/rc\(i)")?.trimmingCharacters(in: .whitespacesAndNewlines)
+            let out = E2E.readText(sb.root + "/out\(i)") ?? ""
+            let opens = E2E.coffer(["info", sb.container, "--passfile", sb.root + "/p\(i)"]).ok
+            if rc == "0" {
+                added += 1
+                #expect(opens, "passwd \(i) said it added its slot, but its password does not open: \(out)")
+            } else {
+                #expect(!opens && out.contains("header changed"), "passwd \(i): \(String(describing: rc)) \(out)")
+            }
+        }
+        #expect(added >= 1)
+        #expect(slots(inInfo: E2E.coffer(["info", sb.container]).stdout).count == 2 + added, "one slot per success")
+    }
+
     @Test func passwdAddsPasswordAndKeyFileAndRemovesSlots() throws {
         let sb = try Sandbox("slots")
         defer { sb.cleanup() }

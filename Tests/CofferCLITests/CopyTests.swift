@@ -48,11 +48,12 @@ struct CopyTests {
         #expect(r.status == 0 && r.stdout.contains("0 problem(s)"), "fsck of the copy: \(r)")
     }
 
-    /// `coffer copy` with the test hooks: batches of `batchBytes`, SIGKILL after `killAfter` batches.
-    static func copy(_ args: [String], batchBytes: Int? = nil, killAfter: Int? = nil) -> RunResult {
+    /// `coffer copy` with the test hooks: batches of `batchBytes`, `signal` after `killAfter` batches.
+    static func copy(_ args: [String], batchBytes: Int? = nil, killAfter: Int? = nil, signal: Int32 = SIGKILL) -> RunResult {
         var env = ProcessInfo.processInfo.environment
         if let batchBytes { env["COFFER_COPY_TEST_BATCH_BYTES"] = String(batchBytes) }
         if let killAfter { env["COFFER_COPY_TEST_KILL_AFTER"] = String(killAfter) }
+        env["COFFER_COPY_TEST_KILL_SIGNAL"] = String(signal)
         return E2E.run(E2E.coffer, ["copy"] + args, environment: env, timeout: 120)
     }
 
@@ -152,6 +153,33 @@ struct CopyTests {
         #expect(over.ok && over.stderr.contains("starting over"), "\(over)")
         changed["new.txt"] = Array("new".utf8)
         try Self.expectSameFiles(sb, copy2, changed)
+    }
+
+    /// A copy of a mounted container interrupted (SIGTERM, SIGINT, then SIGKILL) leaves no snapshot (each as
+    /// large as the store) beside DEST: a signal removes its own, and the next copy removes one a killed copy
+    /// left. Each was left behind, one more per interruption (a tester's find).
+    @Test func anInterruptedCopyOfAMountedContainerLeavesNoSnapshot() throws {
+        let (sb, files) = try Self.filled("copysnap")
+        defer { sb.cleanup() }
+        try #require(sb.mount().ok)
+        let copy = sb.root + "/copy"
+        func snapshots() -> [String] {
+            ((try? FileManager.default.contentsOfDirectory(atPath: sb.root)) ?? []).filter { $0.hasPrefix(".coffer-snapshot-") }
+        }
+        for sig in [SIGTERM, SIGINT] {
+            let stopped = Self.copy([sb.container, copy], batchBytes: 64 << 10, killAfter: 2, signal: sig)
+            #expect(stopped.status == 128 + sig, "\(stopped)")
+            #expect(snapshots() == [], "after signal \(sig)")
+        }
+        let killed = Self.copy([sb.container, copy], batchBytes: 64 << 10, killAfter: 2)
+        #expect(killed.status == 128 + SIGKILL, "\(killed)")
+        #expect(snapshots().count == 1, "a killed copy cannot remove its snapshot")
+        let done = Self.copy([sb.container, copy])
+        #expect(done.ok && done.stderr.contains("resuming an interrupted copy"), "\(done)")
+        #expect(snapshots() == [], "the next copy removed the one left")
+        try #require(sb.unmount().ok)
+        Self.fsckClean(sb, copy)
+        try Self.expectSameFiles(sb, copy, files)
     }
 
     /// Killed before its new store held a first progress record (the hook at 0 batches): what the kill left

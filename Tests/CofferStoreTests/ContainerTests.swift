@@ -134,6 +134,10 @@ struct ContainerTests {
 
             // Replace (password change): same slot id, the old password fails, the new works.
             try c.replaceSlot(id: originalSlot, secret: secure("new password"), kdf: testKDF, keys: made.keys)
+            // `opened` read the header before that change: its rewrite would undo it, so it is refused.
+            expectError(ContainerError.headerChanged) {
+                _ = try opened.addSlot(kind: .password, secret: secure("late"), kdf: testKDF, label: nil, keys: made.keys)
+            }
             opened = try Container.open(at: made.root)
             let ids = opened.header.slots.map(\.id)
             #expect(ids.contains(originalSlot))

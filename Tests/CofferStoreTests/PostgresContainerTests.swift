@@ -62,6 +62,11 @@ struct PostgresContainerTests {
         #expect(try again.unlock(passwordSecret("second")).slotId == added)
         try again.removeSlot(id: added, keys: keys)
         #expect(containerError { _ = try Container.open(location).unlock(passwordSecret("second")) } == .wrongSecret)
+        // `opened` read the header before that removal: its rewrite would bring the slot back, so it is refused.
+        #expect(
+            containerError { _ = try opened.addSlot(kind: .password, secret: secure("third"), kdf: testKDF, label: nil, keys: keys) }
+                == .headerChanged)
+        #expect(containerError { _ = try Container.open(location).unlock(passwordSecret("second")) } == .wrongSecret)
     }
 
     @Test func aHeaderEditedOnTheServerIsRefused() throws {

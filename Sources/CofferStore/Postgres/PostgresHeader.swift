@@ -20,12 +20,21 @@ enum PostgresHeader {
         return Data(bytes)
     }
 
-    static func write(_ data: Data, to location: PostgresLocation) throws(ContainerError) {
+    /// Rewrites the header row; when `replacing` is given, only while the row still holds those bytes
+    /// (`headerChanged` otherwise: another process rewrote it since this one read it).
+    static func write(_ data: Data, replacing old: Data?, to location: PostgresLocation) throws(ContainerError) {
         do {
             let c = try PGConnection(location.conninfo)
             defer { c.close() }
-            let r = try c.execute(PostgresSQL(schema: location.container).updateHeader, [.bytea([UInt8](data))])
-            guard r.affectedRows == 1 else { throw ContainerError.headerDamaged("the header row is missing") }
+            let sql = PostgresSQL(schema: location.container)
+            let r =
+                if let old { try c.execute(sql.replaceHeader, [.bytea([UInt8](data)), .bytea([UInt8](old))]) } else {
+                    try c.execute(sql.updateHeader, [.bytea([UInt8](data))])
+                }
+            guard r.affectedRows == 1 else {
+                guard try c.execute(sql.header).rowCount == 1 else { throw ContainerError.headerDamaged("the header row is missing") }
+                throw ContainerError.headerChanged
+            }
         } catch { throw containerError(error, location) }
     }
 

@@ -171,6 +171,7 @@ struct PostgresSQL: Sendable {
     var header: String { "SELECT value FROM \(q).header WHERE id = 1" }
     var putHeader: String { "INSERT INTO \(q).header(id, value) VALUES (1, $1)" }
     var updateHeader: String { "UPDATE \(q).header SET value = $1 WHERE id = 1" }
+    var replaceHeader: String { "UPDATE \(q).header SET value = $1 WHERE id = 1 AND value = $2" }
     static let schemaExists = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
 
     // Schema rows
