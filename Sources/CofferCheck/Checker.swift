@@ -70,6 +70,14 @@ public final class Checker {
             }
         }
         try scan {
+            for line in try store.backend.segmentFileCheck() {
+                problems.append(
+                    Problem(
+                        .segmentFileDamaged, line,
+                        repair: "none in place: restore it from a backup (coffer copy) before --repair, which makes its chunks holes"))
+            }
+        }
+        try scan {
             for (table, n) in try store.backend.mistypedRows() {
                 problems.append(
                     Problem(

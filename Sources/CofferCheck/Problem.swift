@@ -52,6 +52,8 @@ public enum ProblemKind: String, Sendable, CaseIterable {
     case mistypedRow = "mistyped-row"
     /// The engine's own check of its file fails (SQLite's quick_check: a damaged page).
     case storeFileDamaged = "store-file-damaged"
+    /// A segment file the rows point into is missing or too short: restoring it mends every chunk in it.
+    case segmentFileDamaged = "segment-file-damaged"
 }
 
 /// One problem: its kind, where (a path when the tree gives one, else the inode number), what was
@@ -84,7 +86,7 @@ public struct Problem: Sendable, CustomStringConvertible {
     public var description: String { "\(kind.rawValue): \(location): \(detail)" }
 
     /// Whether `--repair` does anything about it (a damaged page of the store file it cannot mend).
-    public var isRepairable: Bool { kind != .storeFileDamaged }
+    public var isRepairable: Bool { kind != .storeFileDamaged && kind != .segmentFileDamaged }
 
     /// Problems that the store file's own repair sets right when it is opened for a repair
     /// (ForeignObjectPolicy.repair): a plan made beside them was made without the rows it gives back.

@@ -149,6 +149,9 @@ public protocol StoreBackend: AnyObject, Sendable {
     func mistypedRows() throws(StoreError) -> [(table: String, count: Int)]
     /// The engine's own check of its files: its first `limit` complaints, empty when sound.
     func fileCheck(limit: Int) throws(StoreError) -> [String]
+    /// Files beside the store that rows point into and that are missing or too short (an engine that
+    /// keeps content in segment files): one line each, empty when every row's bytes are there.
+    func segmentFileCheck() throws(StoreError) -> [String]
 }
 
 /// A PostgreSQL server keeps its own files and schema: a hostile one can do anything a trigger could,
@@ -162,6 +165,7 @@ extension StoreBackend {
     public func foreignObjects() throws(StoreError) -> [SchemaObject] { [] }
     public func mistypedRows() throws(StoreError) -> [(table: String, count: Int)] { [] }
     public func fileCheck(limit: Int) throws(StoreError) -> [String] { [] }
+    public func segmentFileCheck() throws(StoreError) -> [String] { [] }
 }
 
 /// What a store declares about itself (the schema rows every engine keeps).

@@ -12,6 +12,10 @@ public final class CopySource {
     let schema: StoreSchema
     let state: [UInt8]
 
+    /// Segment files of the source that its rows point into and that are missing or short: a copy would
+    /// carry their chunks as damage (the rows are copied, not opened), so it is refused.
+    public func missingContent() throws -> [String] { try backend.segmentFileCheck() }
+
     private init(header: [UInt8], backend: any StoreBackend) throws {
         self.header = header
         self.backend = backend

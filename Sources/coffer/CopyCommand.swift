@@ -62,6 +62,11 @@ struct CopyCommand: ParsableCommand {
             try withExtendedLifetime(sourceLock) {
                 let copySource = try snapshot.map { s in try CopySource.open(directory: s.root, snapshot: s.taken.storePath) } ?? CopySource.open(src)
                 defer { copySource.close() }
+                if let first = try copySource.missingContent().first {
+                    throw CLIFailure(
+                        message: "SRC is damaged: \(first); a copy would carry the damage (run coffer fsck SRC, and restore that file first)",
+                        code: ExitStatus.storeDamaged)
+                }
                 if verify { given = try secret.secret() }
                 if case .directory(let path) = dst, mkdir(path, 0o700) != 0, errno != EEXIST {
                     throw CLIFailure(message: "\(path): cannot create: \(String(cString: strerror(errno)))", code: ExitStatus.failure)

@@ -297,6 +297,26 @@ struct FsckTests {
         #expect(found.status == 4 && found.stdout.contains("store-file-damaged: store: SQLite's check: the check stopped"), "\(found)")
     }
 
+    /// A segment file cut short, then removed: fsck names it (segment-file-damaged: restoring that one file
+    /// mends every chunk in it), and `coffer copy` refuses a source with it (13) instead of copying the damage.
+    /// Both said nothing of the file before: fsck called its chunks "an older or foreign copy" and the copy
+    /// succeeded (a tester's find).
+    @Test func aMissingOrShortSegmentFileIsNamed() throws {
+        let (sb, _, _) = try Self.filled("fscksegment")
+        defer { sb.cleanup() }
+        let dir = sb.container + "/segments"
+        let names = try FileManager.default.contentsOfDirectory(atPath: dir).filter { Int($0) != nil }
+        let name = try #require(names.first { (E2E.statOf(dir + "/" + $0)?.st_size ?? 0) > 100_000 }, "a segment with the big file: \(names)")
+        #expect(truncate(dir + "/" + name, 50_000) == 0)
+        let short = fsck(sb)
+        #expect(short.status == 4 && short.stdout.contains("segment-file-damaged: store: segments/\(name) is 50000 bytes, shorter"), "\(short)")
+        #expect(unlink(dir + "/" + name) == 0)
+        let missing = fsck(sb)
+        #expect(missing.status == 4 && missing.stdout.contains("segment-file-damaged: store: segments/\(name) is missing"), "\(missing)")
+        let copy = E2E.coffer(["copy", sb.container, sb.root + "/backup"])
+        #expect(copy.status == 13 && copy.stderr.contains("SRC is damaged: segments/\(name) is missing"), "\(copy)")
+    }
+
     @Test func missingContainerIsAnOperationalError() throws {
         let r = E2E.coffer(["fsck", "/nonexistent/coffer-fsck-test", "--passfile", "/dev/null"])
         #expect(r.status == 8, "\(r)")

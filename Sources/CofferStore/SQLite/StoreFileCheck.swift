@@ -1,4 +1,5 @@
 import GRDB
+import Glibc
 
 /// What to do about schema objects in a store file that Coffer never makes (a trigger, a view, an
 /// index or a table someone added with sqlite3). A trigger runs its own SQL on every write Coffer
@@ -121,6 +122,39 @@ extension SQLiteBackend {
                 }
             }
         } catch { throw .database("cannot drop the objects Coffer never makes and the mistyped rows: \(error)") }
+    }
+
+    /// Segment files the rows point into that are missing or shorter than the bytes they name (deleted,
+    /// cut short, or left behind by a copy of the store file alone): each chunk in them reads as damaged,
+    /// and restoring that one file mends them all.
+    public func segmentFileCheck() throws(StoreError) -> [String] {
+        guard hasSegments else { return [] }
+        let needs: [(id: Int64, end: Int64, chunks: Int)]
+        do {
+            needs = try pool.unsafeRead { db in
+                try Row.fetchAll(
+                    db,
+                    sql:
+                        "SELECT seg, max(off + len), count(*) FROM chunks WHERE seg IS NOT NULL AND \(Self.accepted("chunks")) GROUP BY seg ORDER BY seg"
+                ).map { row in
+                    (
+                        (try? row.decode(Int64.self, atIndex: 0)) ?? -1, (try? row.decode(Int64.self, atIndex: 1)) ?? 0,
+                        (try? row.decode(Int.self, atIndex: 2)) ?? 0
+                    )
+                }
+            }
+        } catch { throw .database("cannot list the segment files the rows name: \(error)") }
+        var found: [String] = []
+        for n in needs where n.id >= 0 {
+            var st = stat()
+            let name = "segments/\(n.id)"
+            if stat(segments.path(n.id), &st) != 0 {
+                found.append("\(name) is missing; \(n.chunks) chunk(s) lie in it")
+            } else if Int64(st.st_size) < n.end {
+                found.append("\(name) is \(st.st_size) bytes, shorter than the \(n.end) its \(n.chunks) chunk(s) need")
+            }
+        }
+        return found
     }
 
     /// SQLite's structural check of the file (`PRAGMA quick_check`: every page's b-tree structure, not
