@@ -67,7 +67,12 @@ struct CopyCommand: ParsableCommand {
                         message: "SRC is damaged: \(first); a copy would carry the damage (run coffer fsck SRC, and restore that file first)",
                         code: ExitStatus.storeDamaged)
                 }
-                if verify { given = try secret.secret() }
+                if verify {
+                    // A wrong secret is refused before the copy, not after it (the copy has the source's slots).
+                    let secret = try secret.secret()
+                    given = secret
+                    try Container.open(src).unlock(secret).keys.wipe()
+                }
                 if case .directory(let path) = dst, mkdir(path, 0o700) != 0, errno != EEXIST {
                     throw CLIFailure(message: "\(path): cannot create: \(String(cString: strerror(errno)))", code: ExitStatus.failure)
                 }

@@ -116,7 +116,9 @@ enum SecretReader {
         guard rc == 0 else { throw fail("cannot run --extpass command: \(String(cString: strerror(rc)))") }
         let secret: SecureBytes
         do { secret = try firstLine(fd: fds[0], what: "the --extpass command") } catch {
-            drainAndWait(fds[0], pid)
+            // A command that failed says so by its status, whatever it printed.
+            let status = drainAndWait(fds[0], pid)
+            if status != 0 { throw fail("--extpass command failed with status \(status)") }
             throw error
         }
         let status = drainAndWait(fds[0], pid)

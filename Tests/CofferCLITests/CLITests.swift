@@ -61,6 +61,7 @@ struct CLITests {
         #expect(wrong.status == 12, "\(wrong)")
         let failing = E2E.coffer(["info", sb.container, "--extpass", "exit 3"])
         #expect(failing.status == 17, "a failing --extpass command must be bad password input: \(failing)")
+        #expect(failing.stderr.contains("failed with status 3"), "it said it gave an empty password: \(failing)")
     }
 
     @Test(.enabled(if: E2E.python != nil, "python3 is needed to drive a terminal"))

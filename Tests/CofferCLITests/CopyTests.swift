@@ -309,5 +309,10 @@ struct CopyTests {
         let r = Self.copy([sb.container, copy, "--verify", "--passfile", sb.passfile])
         #expect(r.status == 13, "\(r)")
         #expect(r.stderr.contains("verify: the copy has") && r.stdout.contains("inode"), "\(r)")
+        // A wrong secret with --verify is refused before anything is copied (it was found only after the copy).
+        let wrong = sb.root + "/wrong"
+        try E2E.write(wrong, "not-\(sb.password)\n")
+        let refused = Self.copy([sb.container, sb.root + "/copy2", "--verify", "--passfile", wrong])
+        #expect(refused.status == 12 && access(sb.root + "/copy2", F_OK) != 0, "\(refused)")
     }
 }
