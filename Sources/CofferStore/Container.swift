@@ -413,10 +413,9 @@ public final class Container: @unchecked Sendable {
             let data = try authenticatedHeaderBytes(keys: keys)
             switch location {
             case .directory:
-                let dir = Glibc.open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-                guard dir >= 0 else { throw ContainerError.io("cannot open \(root): \(String(cString: strerror(errno)))") }
-                defer { close(dir) }  // and the lock with it
-                guard flock(dir, LOCK_EX) == 0 else { throw ContainerError.io("cannot lock \(root): \(String(cString: strerror(errno)))") }
+                // The first header (init) has nothing to compare with nor a file to lock.
+                let held = stored == nil ? -1 : try lockHeaderFile()
+                defer { if held >= 0 { close(held) } }  // and the lock with it
                 if let stored, FileManager.default.contents(atPath: headerPath) != stored { throw ContainerError.headerChanged }
                 try FileIO.writeAtomically(data, to: headerPath, mode: 0o600)
             case .postgres(let p): try PostgresHeader.write(data, replacing: stored, to: p)
@@ -424,6 +423,24 @@ public final class Container: @unchecked Sendable {
             stored = data
         } catch let e as ContainerError { throw e } catch {
             throw .io("cannot write \(ContainerHeader.fileName): \(error)")
+        }
+    }
+
+    /// The header file, open and flock'ed (the directory's own flock is the mount's: `ContainerLock`).
+    /// A rewrite replaces the file (rename), so the lock is good only on the file the name still
+    /// names: taken again until it is. Waits 10 s at most for another rewrite.
+    private func lockHeaderFile() throws(ContainerError) -> Int32 {
+        let deadline = Date().addingTimeInterval(10)
+        while true {
+            let fd = Glibc.open(headerPath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+            guard fd >= 0 else { throw .io("cannot open \(headerPath): \(String(cString: strerror(errno)))") }
+            if flock(fd, LOCK_EX | LOCK_NB) == 0 {
+                var held = stat(), named = stat()
+                if fstat(fd, &held) == 0, stat(headerPath, &named) == 0, held.st_ino == named.st_ino, held.st_dev == named.st_dev { return fd }
+            }
+            close(fd)
+            guard Date() < deadline else { throw .io("\(headerPath) stays locked by another process rewriting it") }
+            usleep(20_000)
         }
     }
 

@@ -440,7 +440,9 @@ public final class EntityStore: @unchecked Sendable {
     public func entries(parents: [UInt64]) throws(StoreError) -> [UInt64: [DirectoryEntryRecord]] {
         let tags = parents.map(parentTag)
         var out: [UInt64: [DirectoryEntryRecord]] = [:]
-        for (i, rows) in try backend.entries(parentTags: tags).enumerated() where i < parents.count {
+        let lists = try backend.entries(parentTags: tags)
+        guard lists.count == parents.count else { throw .database("asked the entries of \(parents.count) directories, got \(lists.count)") }
+        for (i, rows) in lists.enumerated() {
             out[parents[i]] = rows.compactMap { row in try? openEntry(tags[i] + row.tag, row.sealed, describe: "entry in directory \(parents[i])") }
         }
         return out

@@ -50,15 +50,22 @@ struct CopyCommand: ParsableCommand {
             }
             if verify { try secret.checkSource() }
             if case .directory(let path) = src { _ = try Container.open(at: path) }  // before any secret is asked
-            let (sourceLock, snapshot) = try Self.lockOrSnapshot(src, dst)
-            defer { snapshot?.taken.remove() }
-            let signals = snapshot.map { Self.removingOnSignals($0.taken) } ?? []
-            defer {
-                signals.forEach { $0.cancel() }
-                if !signals.isEmpty { [SIGINT, SIGTERM, SIGHUP].forEach { signal($0, SIG_DFL) } }
-            }
             var given: Secret?
             defer { given?.bytes.wipe() }
+            if verify {
+                // A wrong secret is refused before the copy, not after it (the copy has the source's slots).
+                let secret = try secret.secret()
+                given = secret
+                try Container.open(src).unlock(secret).keys.wipe()
+            }
+            // From before a snapshot is asked for until it is gone: a signal removes it first.
+            let signals = DaemonSnapshot.removeOnSignals()
+            defer {
+                signals.forEach { $0.cancel() }
+                [SIGINT, SIGTERM, SIGHUP].forEach { signal($0, SIG_DFL) }
+            }
+            let (sourceLock, snapshot) = try Self.lockOrSnapshot(src, dst)
+            defer { snapshot?.taken.remove() }
             try withExtendedLifetime(sourceLock) {
                 let copySource = try snapshot.map { s in try CopySource.open(directory: s.root, snapshot: s.taken.storePath) } ?? CopySource.open(src)
                 defer { copySource.close() }
@@ -66,12 +73,6 @@ struct CopyCommand: ParsableCommand {
                     throw CLIFailure(
                         message: "SRC is damaged: \(first); a copy would carry the damage (run coffer fsck SRC, and restore that file first)",
                         code: ExitStatus.storeDamaged)
-                }
-                if verify {
-                    // A wrong secret is refused before the copy, not after it (the copy has the source's slots).
-                    let secret = try secret.secret()
-                    given = secret
-                    try Container.open(src).unlock(secret).keys.wipe()
                 }
                 if case .directory(let path) = dst, mkdir(path, 0o700) != 0, errno != EEXIST {
                     throw CLIFailure(message: "\(path): cannot create: \(String(cString: strerror(errno)))", code: ExitStatus.failure)
@@ -99,7 +100,7 @@ struct CopyCommand: ParsableCommand {
         if let b = env["COFFER_COPY_TEST_BATCH_BYTES"].flatMap(Int.init) { copier.batchBytes = b }
         if let n = env["COFFER_COPY_TEST_KILL_AFTER"].flatMap(Int.init) {
             let sig = env["COFFER_COPY_TEST_KILL_SIGNAL"].flatMap(Int32.init) ?? SIGKILL
-            copier.afterBatch = { if $0 >= n { kill(getpid(), sig) } }
+            copier.afterBatch = { if $0 == n { kill(getpid(), sig) } }  // once: a signal that ends the copy ends it
         }
         do { return try copier.run() } catch let e as CopyRefusal {
             throw CLIFailure(message: e.description, code: ExitStatus.failure)
@@ -107,23 +108,6 @@ struct CopyCommand: ParsableCommand {
             // Only DEST is written (the source is read in a snapshot): its disk is the full one, and no store is damaged.
             let disk = if case .directory = dst { "its disk" } else { "its server's disk" }
             throw CLIFailure(message: "DEST \(dst): no space left on \(disk); make room and run the same command again", code: ExitStatus.failure)
-        }
-    }
-
-    /// Ctrl-C, SIGTERM or SIGHUP in the middle of a copy: the snapshot (as large as the store) goes, then the
-    /// copy ends as the signal ends it (running the same command again resumes it). A copy killed outright
-    /// leaves it to the next copy near there (`DaemonSnapshot.removeAbandoned`).
-    private static func removingOnSignals(_ snapshot: DaemonSnapshot) -> [DispatchSourceSignal] {
-        [SIGINT, SIGTERM, SIGHUP].map { sig in
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler {
-                snapshot.remove()
-                signal(sig, SIG_DFL)
-                raise(sig)
-            }
-            source.resume()
-            return source
         }
     }
 

@@ -2,6 +2,7 @@ import ArgumentParser
 import CofferFUSE
 import CofferStore
 import Foundation
+import Synchronization
 import Glibc
 
 struct UnmountCommand: ParsableCommand {
@@ -23,10 +24,7 @@ struct UnmountCommand: ParsableCommand {
             }
             let daemon = entry.source.hasPrefix("/") ? ContainerLock.holder(root: entry.source) : Self.daemon(serving: mnt, owner: entry.owner)
             let exitRecord = daemon.map { DaemonExit.places(daemon: $0) } ?? ([], "", nil)
-            // No daemon found: one that ended without unmounting leaves a connection that answers ENOTCONN
-            // (looked at only then: a live daemon that is stopped would not answer at all).
-            var st = stat()
-            let died = daemon == nil && stat(mnt, &st) != 0 && errno == ENOTCONN
+            let died = daemon == nil && !lazy && Self.connectionIsGone(mnt)
             let process = Process()
             process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
             process.arguments = ["-u"] + (lazy ? ["-z"] : []) + [mnt]
@@ -68,6 +66,22 @@ struct UnmountCommand: ParsableCommand {
 }
 
 extension UnmountCommand {
+    /// Whether the mount's daemon ended without unmounting: its connection answers ENOTCONN. Asked with
+    /// statvfs (STATFS, which the kernel never answers from a cache), and for 2 s at most on a thread of its own,
+    /// since a daemon that lives but is stopped would not answer at all.
+    static func connectionIsGone(_ mnt: String) -> Bool {
+        let answer = Mutex<Int32?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Thread {
+            var st = statvfs()
+            let e: Int32 = statvfs(mnt, &st) == 0 ? 0 : errno
+            answer.withLock { $0 = e }
+            done.signal()
+        }.start()
+        _ = done.wait(timeout: .now() + 2)
+        return answer.withLock { $0 } == ENOTCONN
+    }
+
     /// Waits for the daemon to end, saying so after 5 s: it commits what is pending after the kernel let go
     /// (a full disk's deletes, a loaded machine can take minutes). After 10 minutes it stops waiting and fails.
     static func awaitEnd(of pid: pid_t, limit: Double = 600) throws {

@@ -212,6 +212,22 @@ struct CLITests {
         #expect(slots(inInfo: info.stdout).count == 2, "a password change must not add slots: \(info)")
     }
 
+    /// `coffer passwd` of a mounted container: the header's rewrite locks the header file, not the directory
+    /// (whose flock is the mount's), so it goes ahead while mounted and the mount is still found as the holder.
+    @Test func passwdWhileMounted() throws {
+        let sb = try Sandbox("passwdmounted")
+        defer { sb.cleanup() }
+        try sb.initAndMount()
+        let second = sb.root + "/second"
+        try E2E.write(second, "second-\(sb.password)\n")
+        let add = E2E.coffer(
+            ["passwd", sb.container, "--passfile", sb.passfile, "--add-password", "--new-passfile", second] + Sandbox.kdfArgs, timeout: 30)
+        #expect(add.ok, "\(add)")
+        #expect(E2E.coffer(["info", sb.container, "--passfile", second]).ok)
+        #expect(E2E.daemonPid(container: sb.container) != nil, "the mount still holds its lock")
+        #expect(sb.unmount().ok)
+    }
+
     /// Six `coffer passwd --add-password` at once: each either adds its slot (and its password then opens
     /// the container) or says the header changed under it and writes nothing. All six said "added" and five
     /// of the passwords did not open: each wrote the header it had read plus its own slot (a tester's find).

@@ -290,7 +290,7 @@ struct FsckTests {
         try #require(q.ok && numbers.count == 2, "\(q)")
         let fd = open(store, O_WRONLY)
         try #require(fd >= 0)
-        let header: [UInt8] = [0x0D, 0, 0, 0, 9]  // a leaf page's type, then a cell count no page holds
+        let header: [UInt8] = [0x0D, 0, 0, 0, 9]  // over the cell count and what follows: a count no page holds
         #expect(pwrite(fd, header, header.count, off_t((numbers[0] - 1) * numbers[1] + 3)) == header.count)
         close(fd)
         let found = fsck(sb)

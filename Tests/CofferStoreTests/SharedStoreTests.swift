@@ -207,6 +207,41 @@ struct SharedStoreTests {
         #expect(try b.inode(90)?.size == 90)
     }
 
+    /// A mount alone that was stopped (its listener's session, named after its lease, holds the sole lock
+    /// and sends nothing) with its lease lapsed: a mount that joins ends that session and joins, instead of
+    /// failing for as long as the stopped one stays stopped (a tester's find).
+    @Test func aJoinEndsAStoppedMountAloneOnceItsLeaseLapsed() throws {
+        let made = try TestStore.create(.postgres, in: "")
+        let location = try #require(made.location)
+        let alone = try PostgresLease.take(location, purpose: "mount", machine: "alone-a")
+        let lease = try PostgresLease.take(location, purpose: "mount", machine: "join-b")
+        defer {
+            alone.release()
+            lease.release()
+        }
+        let stuck = try PGConnection(location.conninfo), look = try PGConnection(location.conninfo)
+        defer {
+            stuck.close()
+            look.close()
+        }
+        try stuck.execute(PostgresSQL.nameSession, [.text(PostgresSQL.writerPrefix + alone.me.holder)])
+        try stuck.execute("SELECT pg_advisory_lock_shared(\(PostgresSQL.soleSpace), hashtext($1))", [.text(location.container)])
+        let b = try mountLike(made, holder: lease.me.holder)
+        defer { b.close() }
+        let backend = try #require(b.backend as? PostgresBackend)
+        backend.joinWait = 3
+        backend.soleStall = 0.3
+        // Its lease live: waited for, then the join fails saying why.
+        if case .unavailable? = storeError({ try b.awaitOtherGroups() }) {} else { Issue.record("a live stopped mount alone keeps a join out") }
+        try look.execute(
+            "UPDATE \(PostgresSQL(schema: location.container).q).leases SET expires = now() - interval '1 second' WHERE holder = $1",
+            [.text(alone.me.holder)])
+        let started = ContinuousClock.now
+        try b.awaitOtherGroups()
+        #expect(ContinuousClock.now - started < .seconds(3), "ended within a slice or two")
+        #expect(throws: (any Error).self, "the stopped session was ended") { try stuck.execute("SELECT 1") }
+    }
+
     @Test func groupsSeeEachOtherAndGenerationsGrowByOne() throws {
         let made = try TestStore.create(.postgres, in: "")
         let a = try mountLike(made), b = try mountLike(made)

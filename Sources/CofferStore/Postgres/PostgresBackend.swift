@@ -253,6 +253,9 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// the sole lock (taking it exclusively, on a connection of its own, then closing that); from then on
     /// they look at the server's state at every open. Fails after half a lease: a mount alone that
     /// does not answer (a stopped process; a vanished machine's session ends sooner, by keepalives).
+    /// Meanwhile, each second, a holder that is a mount whose lease lapsed and whose listener has sent
+    /// nothing for a few seconds (a machine stopped while alone) is ended (`endLapsedSole`), so such a
+    /// machine keeps the others out until its lease lapses, not until it goes on.
     /// Only a mount with a lease joins (and may later be alone itself).
     public func join() throws(StoreError) {
         guard coherent, let holder = fenceHolder, !joined.load(ordering: .acquiring) else { return }
@@ -261,10 +264,21 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             defer { c.close() }
             try c.execute(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.joinPrefix + holder)])
             // Half a lease: this mount's own lease is renewed only once it mounted.
-            try c.execute("SET lock_timeout = '\(joinWait)s'")
-            try c.execute(sql.joinLock, [.text(sql.schema)])
+            let deadline = ContinuousClock.now + .seconds(joinWait)
+            try c.execute("SET lock_timeout = '\(min(joinWait, 1))s'")
+            while true {
+                do {
+                    try c.execute(sql.joinLock, [.text(sql.schema)])
+                    break
+                } catch {
+                    guard (error as? PGError)?.sqlState == .lockNotAvailable, ContinuousClock.now < deadline else { throw error }
+                    do { _ = try c.execute(sql.endLapsedSole, [.text(sql.schema), .text("\(soleStall)s")]) } catch {
+                        guard (error as? PGError)?.sqlState == .insufficientPrivilege else { throw error }  // a superuser's: waited for
+                    }
+                }
+            }
         } catch {
-            if error.sqlState == .lockNotAvailable {
+            if (error as? PGError)?.sqlState == .lockNotAvailable {
                 throw .unavailable("another mount of this container did not answer within \(joinWait) s (a stopped process?)")
             }
             throw .postgres(error)
@@ -274,6 +288,9 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
 
     /// How long `join` waits, in seconds: half a lease (tests shorten it).
     var joinWait = max(1, PostgresLease.duration / 2)
+    /// How long, in seconds, a mount alone's listener has sent nothing (it looks every second) before a
+    /// mount that joins may end it once its lease has lapsed (tests shorten it).
+    var soleStall = 4.0
     /// How long one wait for the writer lock lasts, in seconds, before the waiter looks for a holder
     /// whose lease lapsed: a lease's renewal period, at least a second (tests shorten it).
     var lockSlice = max(1, PostgresLease.renewEvery)

@@ -58,6 +58,9 @@ final class PostgresListener: @unchecked Sendable {
                     } else {
                         c = try PGConnection(conninfo)
                         try c.execute("LISTEN " + PostgresIdentifier.quoted(channel))
+                        // Named after this mount's lease, as its writer: a mount that joins while this one is
+                        // stopped alone ends the session once the lease lapsed (`PostgresSQL.endLapsedSole`).
+                        if !me.isEmpty { try c.execute(PostgresSQL.nameSession, [.text(PostgresSQL.writerPrefix + me)]) }
                         // A machine that vanishes (no FIN) loses the sole lock in about 11 s, not hours.
                         try c.executeScript("SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3")
                         connection = c

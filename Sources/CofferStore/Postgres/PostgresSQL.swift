@@ -114,9 +114,13 @@ struct PostgresSQL: Sendable {
     /// healthy mount is never stalled that long (its groups end within a second) and renews its lease
     /// while it runs. Its group is lost as in a crash. Only sessions this role may end: its own, or any
     /// with pg_signal_backend; another role's state is seen only with pg_read_all_stats.
-    var endLapsedWriter: String {
+    var endLapsedWriter: String { endLapsed(Self.lockSpace) }
+    /// `endLapsedWriter` for the holder of the sole lock (a mount alone's listener, which looks at the
+    /// lease table every second while it holds it): a machine stopped while mounted alone.
+    var endLapsedSole: String { endLapsed(Self.soleSpace) }
+    private func endLapsed(_ space: Int32) -> String {
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            + "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = \(Self.lockSpace)::oid AND l.objid = hashtext($1)::oid "
+            + "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = \(space)::oid AND l.objid = hashtext($1)::oid "
             + "AND l.objsubid = 2 AND a.datname = current_database() AND a.pid <> pg_backend_pid() "
             + "AND a.wait_event_type = 'Client' AND a.state_change < now() - $2::interval "
             + "AND (pg_has_role(a.usesysid, 'MEMBER') OR pg_has_role('pg_signal_backend', 'MEMBER')) "

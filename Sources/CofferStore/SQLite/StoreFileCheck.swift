@@ -149,7 +149,8 @@ extension SQLiteBackend {
             var st = stat()
             let name = "segments/\(n.id)"
             if stat(segments.path(n.id), &st) != 0 {
-                found.append("\(name) is missing; \(n.chunks) chunk(s) lie in it")
+                let why = errno == ENOENT ? "is missing" : "cannot be read (\(String(cString: strerror(errno))))"
+                found.append("\(name) \(why); \(n.chunks) chunk(s) lie in it")
             } else if Int64(st.st_size) < n.end {
                 found.append("\(name) is \(st.st_size) bytes, shorter than the \(n.end) its \(n.chunks) chunk(s) need")
             }
