@@ -405,7 +405,8 @@ public final class Container: @unchecked Sendable {
     }
 
     /// Authenticates and writes the header atomically: for a directory temp file, fsync, rename,
-    /// fsync directory, under an flock of the directory; in PostgreSQL one UPDATE of the header row.
+    /// fsync directory, under an flock of the header file (`lockHeaderFile`); in PostgreSQL one UPDATE
+    /// of the header row.
     /// Either only if the stored header is still the one this process read (`stored`), else
     /// `headerChanged` and nothing written.
     func writeHeader(keys: ContainerKeys) throws(ContainerError) {

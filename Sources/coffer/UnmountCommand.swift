@@ -2,8 +2,8 @@ import ArgumentParser
 import CofferFUSE
 import CofferStore
 import Foundation
-import Synchronization
 import Glibc
+import Synchronization
 
 struct UnmountCommand: ParsableCommand {
     static let configuration = CommandConfiguration(

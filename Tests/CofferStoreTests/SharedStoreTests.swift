@@ -151,23 +151,12 @@ struct SharedStoreTests {
     /// it is waited for; once it stalls on its client with its lease lapsed, the waiting mount ends that
     /// session and begins its group.
     @Test func aWriterWhoseLeaseLapsedIsEndedByTheNextWaiter() throws {
-        let made = try TestStore.create(.postgres, in: "")
-        let location = try #require(made.location)
-        let stopped = try PostgresLease.take(location, purpose: "mount", machine: "stop-a")
-        let lease = try PostgresLease.take(location, purpose: "mount", machine: "stop-b")
-        defer {
-            stopped.release()
-            lease.release()
-        }
-        let stuck = try PGConnection(location.conninfo), look = try PGConnection(location.conninfo)
-        defer {
-            stuck.close()
-            look.close()
-        }
-        try stuck.execute("SELECT set_config('application_name', $1, false)", [.text(PostgresSQL.writerPrefix + stopped.me.holder)])
+        let m = try StoppedMachine("stop")
+        defer { m.close() }
+        try m.stuck.executeScript("BEGIN; SELECT pg_advisory_xact_lock(\(PostgresSQL.lockSpace), hashtext('\(m.location.container)'))")
+        let (made, stuck, look) = (m.made, m.stuck, m.look)
         let stuckPid = try #require(try stuck.execute("SELECT pg_backend_pid()").int64(0, 0))
-        try stuck.executeScript("BEGIN; SELECT pg_advisory_xact_lock(\(PostgresSQL.lockSpace), hashtext('\(location.container)'))")
-        let b = try mountLike(made, holder: lease.me.holder)
+        let b = try mountLike(made, holder: m.lease.me.holder)
         defer { b.close() }
         try #require(b.backend as? PostgresBackend).lockSlice = 0.2
         let began = Mutex(false)
@@ -187,9 +176,7 @@ struct SharedStoreTests {
         let working = Thread { _ = try? stuck.execute("SELECT pg_sleep(2)") }
         working.start()
         usleep(200_000)
-        try look.execute(
-            "UPDATE \(PostgresSQL(schema: location.container).q).leases SET expires = now() - interval '1 second' WHERE holder = $1",
-            [.text(stopped.me.holder)])
+        try m.lapse()
         usleep(1_200_000)
         #expect(!began.withLock { $0 }, "a holder that works is waited for, lease or not")
         #expect(try stuckIsAlive())
@@ -211,35 +198,21 @@ struct SharedStoreTests {
     /// and sends nothing) with its lease lapsed: a mount that joins ends that session and joins, instead of
     /// failing for as long as the stopped one stays stopped (a tester's find).
     @Test func aJoinEndsAStoppedMountAloneOnceItsLeaseLapsed() throws {
-        let made = try TestStore.create(.postgres, in: "")
-        let location = try #require(made.location)
-        let alone = try PostgresLease.take(location, purpose: "mount", machine: "alone-a")
-        let lease = try PostgresLease.take(location, purpose: "mount", machine: "join-b")
-        defer {
-            alone.release()
-            lease.release()
-        }
-        let stuck = try PGConnection(location.conninfo), look = try PGConnection(location.conninfo)
-        defer {
-            stuck.close()
-            look.close()
-        }
-        try stuck.execute(PostgresSQL.nameSession, [.text(PostgresSQL.writerPrefix + alone.me.holder)])
-        try stuck.execute("SELECT pg_advisory_lock_shared(\(PostgresSQL.soleSpace), hashtext($1))", [.text(location.container)])
-        let b = try mountLike(made, holder: lease.me.holder)
+        let m = try StoppedMachine("alone")
+        defer { m.close() }
+        try m.stuck.execute("SELECT pg_advisory_lock_shared(\(PostgresSQL.soleSpace), hashtext($1))", [.text(m.location.container)])
+        let b = try mountLike(m.made, holder: m.lease.me.holder)
         defer { b.close() }
         let backend = try #require(b.backend as? PostgresBackend)
         backend.joinWait = 3
         backend.soleStall = 0.3
         // Its lease live: waited for, then the join fails saying why.
         if case .unavailable? = storeError({ try b.awaitOtherGroups() }) {} else { Issue.record("a live stopped mount alone keeps a join out") }
-        try look.execute(
-            "UPDATE \(PostgresSQL(schema: location.container).q).leases SET expires = now() - interval '1 second' WHERE holder = $1",
-            [.text(alone.me.holder)])
+        try m.lapse()
         let started = ContinuousClock.now
         try b.awaitOtherGroups()
         #expect(ContinuousClock.now - started < .seconds(3), "ended within a slice or two")
-        #expect(throws: (any Error).self, "the stopped session was ended") { try stuck.execute("SELECT 1") }
+        #expect(throws: (any Error).self, "the stopped session was ended") { try m.stuck.execute("SELECT 1") }
     }
 
     @Test func groupsSeeEachOtherAndGenerationsGrowByOne() throws {
@@ -329,5 +302,38 @@ struct SharedStoreTests {
         let stored = try TestPostgres.cluster().psql("SELECT encode(value, 'hex') FROM \(q).meta WHERE name = 'state'")
         #expect(stored == old, "nothing was written over the old state")
         #expect(try a.inode(51)?.size == 51)
+    }
+}
+
+/// A machine that stopped while its session held a lock: `stuck`, named after the lease `stopped` (as a
+/// mount's writer and listener are), which sends nothing more; `lease` is for the other machine's mount,
+/// and `look` reads and changes what the server holds.
+private final class StoppedMachine {
+    let made: TestStore, location: PostgresLocation
+    let stopped: PostgresLease, lease: PostgresLease
+    let stuck: PGConnection, look: PGConnection
+
+    init(_ tag: String) throws {
+        made = try TestStore.create(.postgres, in: "")
+        location = try #require(made.location)
+        stopped = try PostgresLease.take(location, purpose: "mount", machine: tag + "-a")
+        lease = try PostgresLease.take(location, purpose: "mount", machine: tag + "-b")
+        stuck = try PGConnection(location.conninfo)
+        look = try PGConnection(location.conninfo)
+        try stuck.execute(PostgresSQL.nameSession, [.text(PostgresSQL.writerPrefix + stopped.me.holder)])
+    }
+
+    /// The stopped machine's lease lapses (as it does once the machine stops renewing it).
+    func lapse() throws {
+        try look.execute(
+            "UPDATE \(PostgresSQL(schema: location.container).q).leases SET expires = now() - interval '1 second' WHERE holder = $1",
+            [.text(stopped.me.holder)])
+    }
+
+    func close() {
+        stuck.close()
+        look.close()
+        stopped.release()
+        lease.release()
     }
 }
