@@ -4,7 +4,7 @@ DESTDIR ?=
 # The toolchain on PATH, else the one this machine kind ships in /opt/swift.
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
 RUNTIME_DEBS = fuse3 libfuse3-dev libssl-dev libargon2-dev libsqlite3-dev libpq-dev liburing-dev pkg-config git
-TEST_DEBS = attr rsync sqlite3 python3 util-linux procps systemd man-db postgresql
+TEST_DEBS = attr rsync sqlite3 python3 util-linux procps systemd man-db postgresql openssl
 BENCH_DEBS = gocryptfs fio python3 postgresql openssh-server sshfs
 DEMO_DIR ?= /tmp/coffer-demo
 

@@ -11,7 +11,8 @@
 # Env:   BENCH_WORKDIR (default /var/tmp/coffer-bench), BENCH_SEQ_MB (1024; quick 256),
 #        BENCH_FIO_RUNTIME (20; quick 5), BENCH_FIO_SIZE_MB (256), BENCH_CORPUS (a tarball),
 #        COFFER (path to the coffer binary; default .build/release/coffer),
-#        COFFER_B (same as --coffer-b)
+#        COFFER_B (same as --coffer-b), BENCH_PG_SETTINGS (extra server settings for coffer-pg's
+#        cluster, "name = value; ..."; default initdb's, as a new Debian server has)
 # A/B: --coffer-b PATH adds a subject coffer-b, a second Coffer binary measured like coffer in the
 #   same run (own container, same options); the table gains a column coffer/coffer-b (how many times
 #   better coffer is). --label-a/--label-b only rename the two columns. The subjects run in the order

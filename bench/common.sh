@@ -31,6 +31,8 @@ make_corpus() {
 # as the tests do; one database "bench". start_pg sets PGROOT, PGPORT, PGBASE (the database's libpq
 # URI, to which "&container=NAME" is added) and PGURI (the container "bench"); stop_pg stops it and
 # removes its files (call it from an EXIT trap). PGBIN: the newest installed server, empty if none.
+# BENCH_PG_SETTINGS: extra postgresql.conf lines (";"-separated), e.g. "shared_buffers = 2GB; max_wal_size = 8GB"
+# (the default is initdb's settings, as Debian's server starts with).
 PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 PGROOT=""; PGPORT=""; PGBASE=""; PGURI=""
 have_pg() { [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]; }
@@ -39,11 +41,12 @@ start_pg() {
     runuser -u postgres -- "$PGBIN/initdb" -D "$PGROOT/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
         --no-sync -E UTF8 --locale=C > "$PGROOT/initdb.log" 2>&1 || { cat "$PGROOT/initdb.log" >&2; return 1; }
     printf "port = %s\nunix_socket_directories = '%s'\nlisten_addresses = '127.0.0.1'\n" "$PGPORT" "$PGROOT" >> "$PGROOT/data/postgresql.auto.conf"
+    [ -z "${BENCH_PG_SETTINGS:-}" ] || printf '%s\n' "${BENCH_PG_SETTINGS//;/$'\n'}" >> "$PGROOT/data/postgresql.auto.conf"
     runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGROOT/data" -l "$PGROOT/server.log" -w -t 60 start > /dev/null || { cat "$PGROOT/server.log" >&2; return 1; }
     runuser -u postgres -- "$PGBIN/createdb" -h "$PGROOT" -p "$PGPORT" -U postgres bench || return 1
     PGBASE="postgresql:///bench?host=$PGROOT&port=$PGPORT&user=postgres"
     PGURI="$PGBASE&container=bench"
-    log "PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}') on port $PGPORT, socket $PGROOT"
+    log "PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}') on port $PGPORT, socket $PGROOT${BENCH_PG_SETTINGS:+, settings: $BENCH_PG_SETTINGS}"
 }
 # The postmaster's pid (empty when the cluster is not running).
 pg_pid() { [ -n "$PGROOT" ] && head -1 "$PGROOT/data/postmaster.pid" 2>/dev/null; }

@@ -40,9 +40,9 @@ public struct PGError: Error, Equatable, Sendable, CustomStringConvertible {
     public let kind: Kind
     public let sqlState: SQLState?
     public let message: String
-    /// A `.connection` failure where the server answered and refused this login: it asked for a password and
-    /// none was found, or the one given did not open the session (wrong password, or no such database after
-    /// it). Waiting for the server changes nothing there.
+    /// A `.connection` failure where one end refused the login: the server asked for a password and none was
+    /// found, or the one given did not open the session (wrong password, or no such database after it); or
+    /// this client refused the server (`refusesTheServer`). Waiting for the server changes nothing there.
     public var loginRefused = false
 
     public init(_ kind: Kind, _ message: String, sqlState: SQLState? = nil) {
@@ -66,6 +66,17 @@ public struct PGError: Error, Equatable, Sendable, CustomStringConvertible {
         case .unexpectedResult: return "unexpected answer from PostgreSQL: \(message)"
         case .usage: return "PostgreSQL client usage error: \(message)"
         }
+    }
+
+    /// Whether libpq's message says it refused the server for the connection string's TLS settings: a
+    /// certificate that does not verify or names another host (`sslmode=verify-ca`/`verify-full`), a root
+    /// certificate file that cannot be read, a server without TLS where `sslmode=require` asks for it, or
+    /// a server that refused this client's certificate. Such a mount would fail the same way on every try
+    /// (and one may face an impostor), so it is not a server that is away. libpq has no code for these: its
+    /// English words are matched (Coffer sets no locale for messages; a translated one would make such a
+    /// refusal read as a server away, as before).
+    static func refusesTheServer(_ message: String) -> Bool {
+        message.contains("certificate") || message.contains("SSL was required")
     }
 
     /// SQLSTATEs that mean the session is gone even if libpq has not noticed yet.
