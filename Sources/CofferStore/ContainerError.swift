@@ -8,6 +8,8 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
     /// not a missing container, and worth trying again. A login the server refuses is `.unreadable`.
     case unreachable(String, String)
     case notAContainer(String)
+    /// A `postgresql://` URI that does not name a container (a bad or repeated `container=`): a usage error.
+    case badURI(String)
     case alreadyExists(String)
     case headerDamaged(String)
     case headerTampered
@@ -33,6 +35,7 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
         case .unreadable(let p, let why): return "\(p): cannot read the container: \(why)"
         case .unreachable(let p, let why): return "\(p): cannot connect to the server: \(why)"
         case .notAContainer(let p): return "\(p): not a Coffer container (no readable \(ContainerHeader.fileName))"
+        case .badURI(let why): return "the container URI: \(why)"
         case .alreadyExists(let p): return "\(p): already exists and is not empty"
         case .headerDamaged(let why): return "container header is damaged: \(why)"
         case .headerTampered: return "container header failed authentication: it was edited or damaged (refusing to open)"

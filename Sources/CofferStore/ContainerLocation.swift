@@ -47,21 +47,37 @@ public struct PostgresLocation: Sendable, Equatable {
         for p in parts.count > 1 ? parts[1].split(separator: "&") : [] {
             if p.hasPrefix("container=") {
                 guard let name = String(p.dropFirst("container=".count)).removingPercentEncoding else {
-                    throw .notAContainer("container name in the URI is not valid percent-encoding")
+                    throw .badURI("the container name is not valid percent-encoding")
                 }
                 names.append(name)
             } else {
-                kept.append(p)
+                kept.append(Self.withAbsoluteFile(p))
             }
         }
-        guard names.count <= 1 else { throw .notAContainer("the URI names more than one container") }
+        guard names.count <= 1 else { throw .badURI("it names more than one container") }
         let name = names.first ?? Self.defaultContainer
         guard PostgresIdentifier.isValid(name) else {
-            throw .notAContainer("container name \"\(name)\": use 1-63 letters, digits and _, not starting with a digit or pg_")
+            throw .badURI("container name \"\(name)\": use 1-63 letters, digits and _, not starting with a digit or pg_")
         }
         container = name
         conninfo = kept.isEmpty ? base : base + "?" + kept.joined(separator: "&")
         display = Self.withoutPassword(base) + "?container=" + name
+    }
+
+    /// libpq's parameters that name files, which it opens at every connection (a mount's reconnects too).
+    static let fileParameters: Set<Substring> = ["passfile", "sslrootcert", "sslcert", "sslkey", "sslcrl", "sslcrldir"]
+
+    /// `key=value` with a relative file `value` made absolute against the working directory now: the mount
+    /// daemon leaves that directory once it serves (so it does not keep the user's directory, and its
+    /// filesystem, busy), and libpq reads these files again whenever it reconnects.
+    static func withAbsoluteFile(_ parameter: Substring) -> Substring {
+        let pair = parameter.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+        guard pair.count == 2, fileParameters.contains(pair[0]), let value = String(pair[1]).removingPercentEncoding, !value.isEmpty,
+            !value.hasPrefix("/"), pair[0] != "sslrootcert" || value != "system"  // the system's authorities (PostgreSQL 16)
+        else { return parameter }
+        let unreserved = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
+        guard let encoded = Container.absolutePath(value).addingPercentEncoding(withAllowedCharacters: unreserved) else { return parameter }
+        return pair[0] + "=" + encoded
     }
 
     /// The URI's base with the password of its userinfo cut out.

@@ -40,6 +40,7 @@ struct CLIFailure: Error, CustomStringConvertible {
             case .notFound, .notADirectory, .unreadable, .notAContainer, .alreadyExists:
                 return CLIFailure(message: e.description, code: ExitStatus.noContainer)
             case .unreachable: return CLIFailure(message: e.description, code: ExitStatus.serverUnreachable)
+            case .badURI: return CLIFailure(message: e.description, code: ExitStatus.usage)
             case .wrongSecret, .noMatchingSlot: return CLIFailure(message: e.description, code: ExitStatus.wrongPassword)
             case .headerDamaged, .headerTampered, .unsupportedVersion, .unsupportedCipher, .unsupportedFeature, .weakKDF, .kdfOutOfRange:
                 return CLIFailure(message: e.description, code: ExitStatus.headerRefused)

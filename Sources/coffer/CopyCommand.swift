@@ -49,7 +49,9 @@ struct CopyCommand: ParsableCommand {
                 }
             }
             if verify { try secret.checkSource() }
-            if case .directory(let path) = src { _ = try Container.open(at: path) }  // before any secret is asked
+            // Before any secret is asked, and so that a source that cannot be read says why as `coffer info` does
+            // (a refused login, no such container: 10, a server away: 19), not as a store that is damaged.
+            _ = try Container.open(src)
             var given: Secret?
             defer { given?.bytes.wipe() }
             if verify {

@@ -1,4 +1,5 @@
 import CofferCrypto
+import CofferStore
 import Foundation
 import Glibc
 
@@ -123,6 +124,34 @@ enum Daemonizer {
         }
         for fd in open where !keep.contains(fd) { close(fd) }
         for fd in keep where fd > 2 { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    }
+}
+
+extension Daemonizer {
+    /// Environment variables naming files that libpq (at every connection, reconnects included) or the
+    /// generation ledger (at every durable commit) opens while the daemon runs.
+    static let pathVariables = [
+        "PGPASSFILE", "PGSERVICEFILE", "PGSYSCONFDIR", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY", "PGSSLCRL", "PGSSLCRLDIR",
+        "COFFER_STATE_DIR"
+    ]
+
+    /// In the daemon (started with --ready-fd): makes those variables absolute against the launcher's working
+    /// directory, so they still name the same files after `leaveWorkingDirectory`. Runs first thing in
+    /// main, before any thread could read the environment while it changes.
+    static func makeInheritedPathsAbsolute(_ argv: [String]) {
+        guard argv.contains("--ready-fd") else { return }
+        for name in pathVariables {
+            guard let value = getenv(name).map({ String(cString: $0) }), !value.isEmpty, !value.hasPrefix("/") else { continue }
+            setenv(name, Container.absolutePath(value), 1)
+        }
+    }
+
+    /// In the daemon, once it serves: moves to "/", as daemon(3) and libfuse's fuse_daemonize do, so the
+    /// directory `coffer mount` was run from (another mount, a USB stick) is not kept busy for as long as
+    /// the mount lives (`umount` of it said "target is busy"). Every path the daemon still needs is
+    /// absolute by then: the container and mountpoint (argv), libpq's files (`PostgresLocation`, above).
+    static func leaveWorkingDirectory() {
+        _ = chdir("/")
     }
 }
 

@@ -149,6 +149,7 @@ struct MountCommand: ParsableCommand {
                     DaemonExit.recordRunning()
                     logger.notice("mounted \(where_)")
                     notifier?.ready(status: "Mounted \(where_)")
+                    if ready != nil { Daemonizer.leaveWorkingDirectory() }
                     ready?.succeed()
                 },
                 onStopping: {

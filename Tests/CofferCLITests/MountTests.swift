@@ -90,6 +90,31 @@ struct MountTests {
         #expect(sb.unmount().ok)
     }
 
+    /// The daemon leaves the directory `coffer mount` was run from: a filesystem the user happened to be in
+    /// (here a tmpfs; a USB stick, another mount) can be unmounted while the container stays mounted. Before,
+    /// the daemon kept it as its working directory and umount said "target is busy". Relative paths given
+    /// from there (container, mountpoint, passfile) still work.
+    @Test func theDaemonDoesNotKeepItsStartingDirectoryBusy() throws {
+        let sb = try Sandbox("cwd")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer().ok)
+        let elsewhere = try sb.smallDisk("4m", name: "elsewhere")
+        let container = sb.isDirectoryContainer ? "../c" : sb.container
+        let m = E2E.sh("cd '\(elsewhere)' && '\(E2E.coffer)' mount '\(container)' ../m --passfile ../pass")
+        sb.noteDaemon()
+        try #require(m.ok, "\(m)")
+        let pid = try #require(E2E.daemonPid(container: sb.container))
+        #expect((try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd")) == "/")
+        let umount = E2E.run("/bin/umount", [elsewhere])
+        #expect(umount.ok, "the directory the mount was started from is not kept busy: \(umount)")
+        try E2E.write(sb.mnt + "/after", "still mounted\n")
+        #expect(E2E.sh("sync '\(sb.mnt)/after'").ok)
+        #expect(sb.unmount().ok)
+        try #require(sb.mount().ok)
+        #expect(E2E.readText(sb.mnt + "/after") == "still mounted\n")
+        #expect(sb.unmount().ok)
+    }
+
     @Test func mountWriteUnmountRemount() throws {
         let sb = try Sandbox("lifecycle")
         defer { sb.cleanup() }

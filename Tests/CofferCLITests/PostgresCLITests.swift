@@ -293,6 +293,32 @@ struct PostgresCLITests {
         #expect(info.ok, "\(info)")
     }
 
+    /// Mistakes that fail the same way on every try are not a server away (19, which the user unit retries
+    /// every 5 s without end): a parameter libpq rejects, a role that does not exist, a schema that is not
+    /// there, for every command, `coffer copy`'s source too (it said 19 or 13, "damaged"); a container name
+    /// that cannot be one is a usage error (64), said without a word of coffer.json.
+    @Test func mistakesInTheURIAreRefusedNotWaitedFor() throws {
+        let (sb, uri, cluster) = try pgSandbox("pgmistake")
+        defer { sb.cleanup() }
+        try #require(sb.initContainer(container: uri).ok)
+        let noRole = uri.replacingOccurrences(of: "user=postgres", with: "user=no_such_role")
+        let noSchema = uri.replacingOccurrences(of: "container=\(schema(uri))", with: "container=no_such_schema")
+        try #require(noRole != uri && noSchema != uri)
+        for (bad, reason) in [(uri + "&foo=bar", "invalid URI query parameter"), (noRole, "does not exist"), (noSchema, "no_such_schema")] {
+            for args in [["info", bad], ["mount", "--passfile", sb.passfile, bad, sb.mnt], ["copy", bad, sb.root + "/copy"]] {
+                let r = E2E.coffer(args)
+                #expect(r.status == 10 && r.stderr.contains(reason) && !r.stderr.contains("cannot connect"), "\(args[0]) \(bad): \(r)")
+            }
+        }
+        #expect(!E2E.isMounted(sb.mnt) && E2E.lstatOf(sb.root + "/copy") == nil)
+        for name in ["My-Vault", "pg_catalog", String(repeating: "a", count: 70)] {
+            let r = sb.initContainer(container: "postgresql:///\(cluster.database)?host=\(cluster.socketDirectory)&container=\(name)")
+            #expect(r.status == 64 && r.stderr.contains("use 1-63") && !r.stderr.contains("coffer.json"), "\(name): \(r)")
+        }
+        let twice = E2E.coffer(["info", uri + "&container=other"])
+        #expect(twice.status == 64 && twice.stderr.contains("more than one container"), "\(twice)")
+    }
+
     /// The server lost while a mount claims its lease (after it read the header): status 19, as for a server
     /// that is down, not 1 (which says the server refused). Every session that adds a lease row loses its
     /// connection there.

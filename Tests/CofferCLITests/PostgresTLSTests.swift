@@ -74,6 +74,35 @@ struct PostgresTLSTests {
         }
     }
 
+    /// Files named relative to the directory `coffer mount` ran in (`sslrootcert=` in the URI, PGPASSFILE in
+    /// the environment) are read again at every reconnect, after the daemon has left that directory: they
+    /// still are the same files once the server restarted under the mount.
+    @Test func relativeFilesOutliveTheDaemonsMoveAndAReconnect() throws {
+        try withServer("pgtlsrel") { server, sb, _ in
+            let authority = "../" + (server.certificates.authority.dropFirst("/tmp/".count))
+            try #require(sb.root.hasPrefix("/tmp/") && server.certificates.authority.hasPrefix("/tmp/"))
+            let uri =
+                "postgresql://\(server.role)@localhost:\(server.cluster.port)/\(server.cluster.database)?sslmode=verify-full"
+                + "&sslrootcert=\(authority)&container=tls_relative"
+            let here = "cd '\(sb.root)' && PGPASSFILE=pgpass '\(E2E.coffer)'"
+            let made = E2E.sh("\(here) init '\(uri)' --passfile pass \(Sandbox.kdfArgs.joined(separator: " "))")
+            try #require(made.ok, "\(made)")
+            let m = E2E.sh("\(here) mount '\(uri)' m --passfile pass")
+            sb.noteDaemon(container: uri)
+            try #require(m.ok, "\(m)")
+            let pid = try #require(E2E.daemonPid(container: uri))
+            #expect((try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd")) == "/")
+            try E2E.write(sb.mnt + "/before", "before the restart\n")
+            #expect(E2E.sh("sync '\(sb.mnt)/before'").ok)
+            try server.cluster.restart()
+            try E2E.write(sb.mnt + "/after", "after the restart\n")
+            let synced = E2E.sh("sync '\(sb.mnt)/after'")
+            #expect(synced.ok, "reconnected with the passfile and the authority by their absolute paths: \(synced)")
+            #expect(E2E.readText(sb.mnt + "/before") == "before the restart\n")
+            #expect(sb.unmount().ok)
+        }
+    }
+
     /// A certificate from another authority, a host name the certificate does not carry, a root certificate
     /// file that is missing: each is refused at once with libpq's reason, status 10, and the container
     /// stays as it was (it mounts with the right settings afterwards).

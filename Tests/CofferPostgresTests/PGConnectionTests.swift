@@ -20,6 +20,28 @@ import Testing
         #expect(try c.execute("SELECT 'ok'::text").text(0, 0) == "ok")
     }
 
+    /// A connection that fails the same way on every try is a refused login (not worth waiting for: the user
+    /// unit would retry it every 5 s without end); one that reaches no server, or a server not taking
+    /// connections yet, is a connection loss to wait for.
+    @Test func onlyAServerAwayIsWorthWaitingFor() throws {
+        let cluster = try Shared.cluster()
+        let uri = "postgresql://\(Shared.role)@127.0.0.1:\(cluster.port)/\(cluster.database)?passfile=\(Shared.passfile(cluster))"
+        let refused = [
+            (uri + "&foo=bar", "invalid URI query parameter"), (uri + "&sslmode=bogus", "invalid sslmode value"),
+            (uri + "&service=nosuchservice", "service"),
+            ("postgresql://no_such_role@/\(cluster.database)?host=\(cluster.socketDirectory)&port=\(cluster.port)", "does not exist"),
+            (cluster.superuserURI.replacingOccurrences(of: "/\(cluster.database)?", with: "/no_such_db?"), "does not exist")
+        ]
+        for (conninfo, reason) in refused {
+            let e = pgError { _ = try PGConnection(conninfo) }
+            #expect(e?.kind == .connection && e?.loginRefused == true && e?.message.contains(reason) == true, "\(String(describing: e))")
+        }
+        for away in ["postgresql://u@127.0.0.1:1/db", "postgresql:///db?host=/nonexistent-socket-dir&port=5432"] {
+            let e = pgError { _ = try PGConnection(away) }
+            #expect(e?.kind == .connection && e?.loginRefused == false, "\(String(describing: e))")
+        }
+    }
+
     @Test func int8RoundTripsInBinary() throws {
         let c = try PGConnection(try Shared.cluster().superuserURI)
         let t = try freshTable(c, "id int8 PRIMARY KEY, v int8")

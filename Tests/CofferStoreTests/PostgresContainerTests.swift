@@ -34,6 +34,22 @@ struct PostgresContainerTests {
         #expect(throws: ContainerError.self) { _ = try ContainerLocation.parse("postgresql://h/db?container=a&container=b") }
     }
 
+    /// libpq's file parameters given relative are made absolute at parse time (the mount daemon leaves its
+    /// working directory, and libpq opens them again at every reconnect); nothing else changes.
+    @Test func relativeFileParametersBecomeAbsolute() throws {
+        let cwd = try #require(
+            FileManager.default.currentDirectoryPath.addingPercentEncoding(
+                withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-._~/"))))
+        let p = try PostgresLocation(
+            uri: "postgresql://u@h/db?passfile=keys/pg%20pass&sslrootcert=/etc/ca.pem&sslkey=k.key&container=c&application_name=rel&sslcert=system")
+        #expect(
+            p.conninfo
+                == "postgresql://u@h/db?passfile=\(cwd)/keys/pg%20pass&sslrootcert=/etc/ca.pem&sslkey=\(cwd)/k.key&application_name=rel&sslcert=\(cwd)/system",
+            "\(p.conninfo)")
+        #expect(try PostgresLocation(uri: "postgresql://h/db?sslrootcert=system").conninfo == "postgresql://h/db?sslrootcert=system")
+        #expect(try PostgresLocation(uri: "postgresql://h/db?passfile=").conninfo == "postgresql://h/db?passfile=")
+    }
+
     @Test func createOpenUnlockAndChangeSlots() throws {
         let location = ContainerLocation.postgres(try TestPostgres.freshLocation())
         let made = try Container.create(location, password: secure(testPassword), options: fastOptions())

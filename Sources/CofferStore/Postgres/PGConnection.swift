@@ -58,7 +58,7 @@ public final class PGConnection: @unchecked Sendable {
         guard PQstatus(c) == CONNECTION_OK else {
             var error = PGError(.connection, errorMessage(c))
             error.loginRefused =
-                PQconnectionNeedsPassword(c) != 0 || PQconnectionUsedPassword(c) != 0 || PGError.refusesTheServer(error.message)
+                PQconnectionNeedsPassword(c) != 0 || PQconnectionUsedPassword(c) != 0 || !PGError.mayBeAway(error.message)
             PQfinish(c)
             throw error
         }

@@ -42,7 +42,7 @@ public struct PGError: Error, Equatable, Sendable, CustomStringConvertible {
     public let message: String
     /// A `.connection` failure where one end refused the login: the server asked for a password and none was
     /// found, or the one given did not open the session (wrong password, or no such database after it); or
-    /// this client refused the server (`refusesTheServer`). Waiting for the server changes nothing there.
+    /// this client refused the server or the string (`mayBeAway`). Waiting for the server changes nothing there.
     public var loginRefused = false
 
     public init(_ kind: Kind, _ message: String, sqlState: SQLState? = nil) {
@@ -68,16 +68,31 @@ public struct PGError: Error, Equatable, Sendable, CustomStringConvertible {
         }
     }
 
-    /// Whether libpq's message says it refused the server for the connection string's TLS settings: a
-    /// certificate that does not verify or names another host (`sslmode=verify-ca`/`verify-full`), a root
-    /// certificate file that cannot be read, a server without TLS where `sslmode=require` asks for it, or
-    /// a server that refused this client's certificate. Such a mount would fail the same way on every try
-    /// (and one may face an impostor), so it is not a server that is away. libpq has no code for these: its
-    /// English words are matched (Coffer sets no locale for messages; a translated one would make such a
-    /// refusal read as a server away, as before).
-    static func refusesTheServer(_ message: String) -> Bool {
-        message.contains("certificate") || message.contains("SSL was required")
+    /// Whether libpq's message for a connection that failed may be a server that is away for now (down,
+    /// starting up or shutting down, full of clients, or a network that does not reach it yet), so waiting and
+    /// trying again may help. Everything else is a refusal that would fail the same way on every try (and
+    /// the user unit would retry it every 5 s without end): a string libpq rejects (an unknown parameter,
+    /// `sslmode=bogus`, a service that is not defined), a role or database that does not exist, a client key
+    /// it cannot use, and a server the string's TLS settings refuse (a certificate that does not verify or
+    /// names another host, a root certificate file that cannot be read, no TLS where `sslmode` requires it;
+    /// one may face an impostor). libpq has no codes for these: its English words are matched (Coffer sets no
+    /// locale for messages; under a translated one every failure would read as a refusal).
+    static func mayBeAway(_ message: String) -> Bool {
+        let refused = ["certificate", "private key", "SSL was required", "GSSAPI encryption required"]
+        if refused.contains(where: message.contains) { return false }
+        return awayWords.contains(where: message.contains)
     }
+
+    /// libpq's and the server's words for a server that cannot be reached or does not take connections yet.
+    static let awayWords = [
+        "Connection refused", "No such file or directory",  // nothing listens (TCP port, Unix socket)
+        "timeout expired", "Connection timed out", "Network is unreachable", "No route to host", "Host is unreachable",
+        "could not translate host name", "Temporary failure in name resolution",  // DNS, e.g. before the network is up
+        "the database system is", "too many clients", "remaining connection slots are reserved",  // 57P03, 53300
+        "server closed the connection unexpectedly", "could not receive data from server", "could not send data to server",
+        "Connection reset by peer", "SSL SYSCALL error", "EOF detected", "terminating connection due to administrator command",
+        "could not connect to server"
+    ]
 
     /// SQLSTATEs that mean the session is gone even if libpq has not noticed yet.
     static func meansConnectionLoss(_ state: SQLState?) -> Bool {
