@@ -67,16 +67,27 @@ public struct PostgresLocation: Sendable, Equatable {
     /// libpq's parameters that name files, which it opens at every connection (a mount's reconnects too).
     static let fileParameters: Set<Substring> = ["passfile", "sslrootcert", "sslcert", "sslkey", "sslcrl", "sslcrldir"]
 
-    /// `key=value` with a relative file `value` made absolute against the working directory now: the mount
-    /// daemon leaves that directory once it serves (so it does not keep the user's directory, and its
-    /// filesystem, busy), and libpq reads these files again whenever it reconnects.
-    static func withAbsoluteFile(_ parameter: Substring) -> Substring {
+    /// `uri` with the relative files its parameters name made absolute against `directory` (a config file's
+    /// relative paths are relative to the config file, those inside its URI too).
+    public static func withFiles(of uri: String, relativeTo directory: String) -> String {
+        let parts = uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+        guard parts.count == 2 else { return uri }
+        return parts[0] + "?"
+            + parts[1].split(separator: "&", omittingEmptySubsequences: false).map { withAbsoluteFile($0, against: directory) }
+            .joined(separator: "&")
+    }
+
+    /// `key=value` with a relative file `value` made absolute against `directory` (default: the working
+    /// directory now): the mount daemon leaves its working directory once it serves (so it does not keep
+    /// the user's directory, and its filesystem, busy), and libpq reads these files again whenever it reconnects.
+    static func withAbsoluteFile(_ parameter: Substring, against directory: String? = nil) -> Substring {
         let pair = parameter.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
         guard pair.count == 2, fileParameters.contains(pair[0]), let value = String(pair[1]).removingPercentEncoding, !value.isEmpty,
             !value.hasPrefix("/"), pair[0] != "sslrootcert" || value != "system"  // the system's authorities (PostgreSQL 16)
         else { return parameter }
         let unreserved = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
-        guard let encoded = Container.absolutePath(value).addingPercentEncoding(withAllowedCharacters: unreserved) else { return parameter }
+        let absolute = Container.absolutePath(directory.map { $0 + "/" + value } ?? value)
+        guard let encoded = absolute.addingPercentEncoding(withAllowedCharacters: unreserved) else { return parameter }
         return pair[0] + "=" + encoded
     }
 

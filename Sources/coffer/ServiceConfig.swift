@@ -60,8 +60,9 @@ struct ServiceConfig: Equatable {
             guard let v = values[key] else { return nil }
             return try resolve(v.value, against: dir, home: home, where: "\(file):\(v.line)")
         }
-        // A postgresql:// URI is taken as written (the database password stays in libpq's sources).
-        let uri = values["container"].map(\.value).flatMap { ContainerURI.isURI($0) ? $0 : nil }
+        // A postgresql:// URI is taken as written (the database password stays in libpq's sources), but for the
+        // files its parameters name: relative ones are relative to this file, as every path here.
+        let uri = values["container"].map(\.value).flatMap { ContainerURI.isURI($0) ? PostgresLocation.withFiles(of: $0, relativeTo: dir) : nil }
         guard let container = try uri ?? path("container") else { throw fail("\(file): no \"container\" given") }
         guard let mountpoint = try path("mountpoint") else { throw fail("\(file): no \"mountpoint\" given") }
         var config = ServiceConfig(

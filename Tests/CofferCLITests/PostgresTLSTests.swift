@@ -103,6 +103,26 @@ struct PostgresTLSTests {
         }
     }
 
+    /// A `--config` file's relative paths are relative to it, the files named inside its URI too: mounted
+    /// from "/", with the authority and the passfile given relative to conf/.
+    @Test func aConfsURIFilesAreRelativeToTheConf() throws {
+        try withServer("pgtlsconf") { server, sb, pgpass in
+            let absolute = server.uri(passfile: pgpass, container: "tls_conf")
+            try #require(sb.initContainer(container: absolute).ok)
+            let authority = "../../" + (server.certificates.authority.dropFirst("/tmp/".count))
+            let uri =
+                "postgresql://\(server.role)@localhost:\(server.cluster.port)/\(server.cluster.database)?sslmode=verify-full"
+                + "&sslrootcert=\(authority)&passfile=../pgpass&container=tls_conf"
+            let conf = try sb.writeConf("container = \(uri)\nmountpoint = ../m\npassfile = ../pass\n")
+            let m = E2E.sh("cd / && '\(E2E.coffer)' mount --config '\(conf)'")
+            sb.noteDaemon(container: uri)
+            try #require(m.ok, "\(m)")
+            try E2E.write(sb.mnt + "/via-conf", "x")
+            #expect(E2E.sh("sync '\(sb.mnt)/via-conf'").ok)
+            #expect(sb.unmount().ok)
+        }
+    }
+
     /// A certificate from another authority, a host name the certificate does not carry, a root certificate
     /// file that is missing: each is refused at once with libpq's reason, status 10, and the container
     /// stays as it was (it mounts with the right settings afterwards).
