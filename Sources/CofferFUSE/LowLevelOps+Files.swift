@@ -116,11 +116,9 @@ extension LowLevelOps {
                 fuse_reply_write(req, max(0, min(appended, size)))
                 return
             }
-            // An O_DIRECT write under the writeback cache: the kernel may hold the page at the file's end with
-            // zeros where it puts data (PageDropReplies). Not the kernel's own write-back nor a write-through.
-            let direct =
-                fi.pointee.flags & Int32(COFFER_O_DIRECT) != 0 && fi.pointee.writepage == 0
-                && ctx.writebackGranted.load(ordering: .acquiring)
+            // An O_DIRECT write: the kernel may hold the page at the file's end with zeros where it puts data
+            // (PageDropReplies). Not the kernel's own write-back.
+            let direct = fi.pointee.flags & Int32(COFFER_O_DIRECT) != 0 && fi.pointee.writepage == 0
             let sizeBefore = direct ? (try? ctx.fs.getattr(ino))?.size : nil
             let done = try ctx.fs.write(ino, handle: fi.pointee.fh, offset: UInt64(off), data: data)
             let written = max(0, min(done, size))

@@ -17,10 +17,12 @@ import Synchronization
 ///   (`stalePage`). The kernel sets the file's new size when the WRITE is answered and drops its pages of the
 ///   range only after that: a reader that had that page (zeros after the old end) and sees the new size in
 ///   between reads those zeros (a tester's `tail -f` of `dd bs=4097 oflag=direct`). The page is dropped
-///   before the answer. What is left is the kernel's own window, as on any filesystem: a reader that took
+///   before the answer, with or without the writeback cache (without it the kernel drops the range before
+///   the WRITE, and a READ in between brings the page back: a reader on a PostgreSQL mount saw those zeros
+///   under load). What is left is the kernel's own window, as on any filesystem: a reader that took
 ///   the page just before the drop and reads the size just after the answer. Only O_DIRECT writes: a
-///   write-through WRITE (a set-id file written by its non-owner) holds that very page locked until it is
-///   answered, so a drop of it would wait for ever.
+///   write-through WRITE holds that very page locked until it is answered, so a drop of it would wait for
+///   ever; one that carries O_DIRECT all the same is answered after `patience`.
 ///
 /// Over io_uring a request holds its ring entry until it is answered, so a request parked here would still
 /// take an entry the READs and WRITEs may need: there the kernel keeps SEEK_DATA and SEEK_HOLE (ENOSYS), and
@@ -54,20 +56,46 @@ final class PageDropReplies: Sendable {
     }
 
     /// Takes a direct write the filesystem has done: the kernel's page at `page` is dropped, then the WRITE
-    /// is answered `written` (also when the mount is stopping: the write was done). False when it was not
-    /// taken (`throughRing` while another ring entry waits here): the caller answers it.
+    /// is answered `written` (also when the mount is stopping: the write was done), or after `patience` if the
+    /// drop is still waiting by then (`answerOnce`). False when it was not taken (`throughRing` while another
+    /// ring entry waits here): the caller answers it.
     func write(_ req: fuse_req_t, ino: UInt64, dropping page: off_t, written: Int, throughRing: Bool) -> Bool {
         if throughRing {
             guard ringEntryHeld.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
             else { return false }
         }
-        later(req) { [self] req, se in
-            if let se { _ = fuse_lowlevel_notify_inval_inode(se, ino, page, 1) }
+        let once = Once()
+        let answer: @Sendable (fuse_req_t) -> Void = { [self] req in
+            guard once.claim() else { return }
             // Free before the answer: the writer's next WRITE may come at once, and the drop is over.
             if throughRing { ringEntryHeld.store(false, ordering: .releasing) }
             fuse_reply_write(req, written)
         }
+        later(req) { req, se in
+            if let se { _ = fuse_lowlevel_notify_inval_inode(se, ino, page, 1) }
+            answer(req)
+        }
+        // The drop waits for that page if a WRITE holds it locked until it is answered: a write-through (a set-id
+        // file written by its non-owner, or on a mount without the writeback cache the kernel's buffered rest of a
+        // direct write that came back short), which the file's O_DIRECT flag does not tell apart. Answering it
+        // lets the drop finish; it is only the kernel's own window that stays open then.
+        let r = Request(req: req)
+        running.enter()
+        DispatchQueue.global().asyncAfter(deadline: .now() + Self.patience) { [self] in
+            defer { running.leave() }
+            answer(r.req)
+        }
         return true
+    }
+
+    /// How long a direct write waits for its page drop before it is answered anyway.
+    static let patience: DispatchTimeInterval = .milliseconds(100)
+
+    /// One answer per request, from whichever of the drop and the patience timer comes first (the other must
+    /// not touch the request: libfuse frees it with the answer).
+    private final class Once: Sendable {
+        private let taken = Atomic<Bool>(false)
+        func claim() -> Bool { taken.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged }
     }
 
     /// The page of a direct write's range that the kernel may hold with zeros where the write put data: the

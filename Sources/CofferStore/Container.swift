@@ -85,7 +85,12 @@ public final class Container: @unchecked Sendable {
         }
         guard (st.st_mode & S_IFMT) == S_IFDIR else { throw .notADirectory(path) }
         let headerFile = root + "/" + ContainerHeader.fileName
-        guard access(headerFile, F_OK) == 0 else { throw .notAContainer(path) }
+        guard access(headerFile, F_OK) == 0 else {
+            // A copy writes the header last: its store, under either name, without one is a copy under way.
+            let stores = [SQLiteBackend.fileName, CopyDestination.newStoreName].map { root + "/" + $0 }
+            if stores.contains(where: { access($0, F_OK) == 0 }) { throw .unfinishedCopy(path, orLostHeader: true) }
+            throw .notAContainer(path)
+        }
         guard let data = FileManager.default.contents(atPath: headerFile) else {
             throw .unreadable(path, "\(ContainerHeader.fileName): \(String(cString: strerror(errno)))")
         }

@@ -10,6 +10,9 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
     case notAContainer(String)
     /// A `postgresql://` URI that does not name a container (a bad or repeated `container=`): a usage error.
     case badURI(String)
+    /// A store without its header: what an interrupted `coffer copy` leaves until it is run again (a directory
+    /// whose coffer.json was lost looks the same), not a damaged container.
+    case unfinishedCopy(String, orLostHeader: Bool)
     case alreadyExists(String)
     case headerDamaged(String)
     case headerTampered
@@ -36,6 +39,9 @@ public enum ContainerError: Error, Equatable, CustomStringConvertible {
         case .unreachable(let p, let why): return "\(p): cannot connect to the server: \(why)"
         case .notAContainer(let p): return "\(p): not a Coffer container (no readable \(ContainerHeader.fileName))"
         case .badURI(let why): return "the container URI: \(why)"
+        case .unfinishedCopy(let p, let orLost):
+            return "\(p): an unfinished coffer copy (its store has no header yet): run the same coffer copy again to finish it"
+                + (orLost ? "; or a container whose \(ContainerHeader.fileName) was lost: put it back from a backup" : "")
         case .alreadyExists(let p): return "\(p): already exists and is not empty"
         case .headerDamaged(let why): return "container header is damaged: \(why)"
         case .headerTampered: return "container header failed authentication: it was edited or damaged (refusing to open)"

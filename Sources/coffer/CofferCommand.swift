@@ -37,7 +37,7 @@ struct CLIFailure: Error, CustomStringConvertible {
         if let e = error as? CLIFailure { return e }
         if let e = error as? ContainerError {
             switch e {
-            case .notFound, .notADirectory, .unreadable, .notAContainer, .alreadyExists:
+            case .notFound, .notADirectory, .unreadable, .notAContainer, .alreadyExists, .unfinishedCopy:
                 return CLIFailure(message: e.description, code: ExitStatus.noContainer)
             case .unreachable: return CLIFailure(message: e.description, code: ExitStatus.serverUnreachable)
             case .badURI: return CLIFailure(message: e.description, code: ExitStatus.usage)

@@ -15,6 +15,10 @@ enum PostgresHeader {
                 throw ContainerError.unreadable(location.display, "the database has no container \"\(location.container)\"")
             }
             r = try c.execute(sql.header)
+            // A copy writes the header row last and drops its progress table with it: both missing is damage.
+            if r.rowCount == 0, try c.execute("SELECT to_regclass($1) IS NOT NULL", [.text(sql.q + ".copy")]).bool(0, 0) == true {
+                throw ContainerError.unfinishedCopy(location.display, orLostHeader: false)
+            }
         } catch { throw containerError(error, location) }
         guard r.rowCount == 1, let bytes = try? r.bytes(0, 0) else { throw .headerDamaged("the header row is missing") }
         return Data(bytes)
