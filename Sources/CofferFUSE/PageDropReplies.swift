@@ -22,7 +22,7 @@ import Synchronization
 ///   under load). What is left is the kernel's own window, as on any filesystem: a reader that took
 ///   the page just before the drop and reads the size just after the answer. Only O_DIRECT writes: a
 ///   write-through WRITE holds that very page locked until it is answered, so a drop of it would wait for
-///   ever; one that carries O_DIRECT all the same is answered after `patience`.
+///   ever; one that carries O_DIRECT all the same is answered after `patience` (1 s).
 ///
 /// Over io_uring a request holds its ring entry until it is answered, so a request parked here would still
 /// take an entry the READs and WRITEs may need: there the kernel keeps SEEK_DATA and SEEK_HOLE (ENOSYS), and
@@ -89,7 +89,7 @@ final class PageDropReplies: Sendable {
     }
 
     /// How long a direct write waits for its page drop before it is answered anyway.
-    static let patience: DispatchTimeInterval = .milliseconds(100)
+    static let patience: DispatchTimeInterval = .seconds(1)
 
     /// One answer per request, from whichever of the drop and the patience timer comes first (the other must
     /// not touch the request: libfuse frees it with the answer).

@@ -82,13 +82,22 @@ public struct PostgresLocation: Sendable, Equatable {
     /// the user's directory, and its filesystem, busy), and libpq reads these files again whenever it reconnects.
     static func withAbsoluteFile(_ parameter: Substring, against directory: String? = nil) -> Substring {
         let pair = parameter.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-        guard pair.count == 2, fileParameters.contains(pair[0]), let value = String(pair[1]).removingPercentEncoding, !value.isEmpty,
-            !value.hasPrefix("/"), pair[0] != "sslrootcert" || value != "system"  // the system's authorities (PostgreSQL 16)
+        guard pair.count == 2, fileParameters.contains(pair[0]), let value = String(pair[1]).removingPercentEncoding,
+            let absolute = absoluteFile(String(pair[0]), value, against: directory)
         else { return parameter }
         let unreserved = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
-        let absolute = Container.absolutePath(directory.map { $0 + "/" + value } ?? value)
         guard let encoded = absolute.addingPercentEncoding(withAllowedCharacters: unreserved) else { return parameter }
         return pair[0] + "=" + encoded
+    }
+
+    /// `value` of libpq's file parameter `key` joined to `directory` (default: the working directory) when it is
+    /// a relative path; nil when it is absolute, empty, or not a path (`sslrootcert=system`, the system's
+    /// authorities; an `sslkey` of an OpenSSL engine, `engine:key`). Joined as text: a link on the way is
+    /// followed by libpq at each connection, as the user wrote it (a renewed certificate behind `live/`).
+    public static func absoluteFile(_ key: String, _ value: String, against directory: String? = nil) -> String? {
+        guard !value.isEmpty, !value.hasPrefix("/"), !(key == "sslrootcert" && value == "system"), !(key == "sslkey" && value.contains(":"))
+        else { return nil }
+        return (directory ?? FileManager.default.currentDirectoryPath) + "/" + value
     }
 
     /// The URI's base with the password of its userinfo cut out.

@@ -129,20 +129,21 @@ enum Daemonizer {
 
 extension Daemonizer {
     /// Environment variables naming files that libpq (at every connection, reconnects included) or the
-    /// generation ledger (at every durable commit) opens while the daemon runs.
+    /// generation ledger (at every durable commit) opens while the daemon runs, with libpq's parameter of each.
     static let pathVariables = [
-        "PGPASSFILE", "PGSERVICEFILE", "PGSYSCONFDIR", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY", "PGSSLCRL", "PGSSLCRLDIR",
-        "COFFER_STATE_DIR"
+        ("PGPASSFILE", "passfile"), ("PGSERVICEFILE", ""), ("PGSYSCONFDIR", ""), ("PGSSLROOTCERT", "sslrootcert"),
+        ("PGSSLCERT", "sslcert"), ("PGSSLKEY", "sslkey"), ("PGSSLCRL", "sslcrl"), ("PGSSLCRLDIR", "sslcrldir"), ("COFFER_STATE_DIR", "")
     ]
 
     /// In the daemon (started with --ready-fd): makes those variables absolute against the launcher's working
-    /// directory, so they still name the same files after `leaveWorkingDirectory`. Runs first thing in
-    /// main, before any thread could read the environment while it changes.
+    /// directory (with the exceptions of `PostgresLocation.absoluteFile`), so they still name the same files
+    /// after `leaveWorkingDirectory`. Runs first thing in main, before any thread could read the environment
+    /// while it changes.
     static func makeInheritedPathsAbsolute(_ argv: [String]) {
         guard argv.contains("--ready-fd") else { return }
-        for name in pathVariables {
-            guard let value = getenv(name).map({ String(cString: $0) }), !value.isEmpty, !value.hasPrefix("/") else { continue }
-            setenv(name, Container.absolutePath(value), 1)
+        for (name, key) in pathVariables {
+            guard let value = getenv(name).map({ String(cString: $0) }), let absolute = PostgresLocation.absoluteFile(key, value) else { continue }
+            setenv(name, absolute, 1)
         }
     }
 

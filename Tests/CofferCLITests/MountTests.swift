@@ -324,7 +324,9 @@ struct MountTests {
         try #require(sb.initContainer().ok)
         let daemon = try sb.foregroundMount(options: "idle=1")
         defer { daemon.stop() }
-        let inside = try Child("/bin/sh", ["-c", "cd '\(sb.mnt)' && : > here && exec sleep 6"])
+        // Long enough to outlast a slow start under load (a shell gone before the lazy unmount let the idle
+        // watcher unmount first: "not mounted" in one CI run).
+        let inside = try Child("/bin/sh", ["-c", "cd '\(sb.mnt)' && : > here && exec sleep 15"])
         defer { inside.stop() }
         #expect(E2E.wait(10) { FileManager.default.fileExists(atPath: sb.mnt + "/here") })
         try #require(E2E.sh("umount -l '\(sb.mnt)' && mount -t tmpfs -o size=1m tmpfs '\(sb.mnt)'").ok)
@@ -332,7 +334,7 @@ struct MountTests {
         usleep(4_000_000)
         let table = E2E.mountTable().filter { $0.mountpoint == sb.mnt }
         #expect(table.map(\.type) == ["tmpfs"], "the tmpfs at the path was unmounted: \(table)")
-        #expect(inside.waitForExit(20) == 0)
+        #expect(inside.waitForExit(30) == 0)
         #expect(daemon.waitForExit(30) == 0, "\(daemon.stderr)")
     }
 

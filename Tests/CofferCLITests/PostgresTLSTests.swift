@@ -115,8 +115,12 @@ struct PostgresTLSTests {
                 + "&sslrootcert=\(authority)&passfile=../pgpass&container=tls_conf"
             let conf = try sb.writeConf("container = \(uri)\nmountpoint = ../m\npassfile = ../pass\n")
             let m = E2E.sh("cd / && '\(E2E.coffer)' mount --config '\(conf)'")
-            sb.noteDaemon(container: uri)
+            // The daemon's argv carries the URI with its files joined to conf/ (`PostgresLocation.withFiles`).
+            let joined = uri.replacingOccurrences(of: "sslrootcert=", with: "sslrootcert=\(sb.root)/conf/")
+                .replacingOccurrences(of: "passfile=", with: "passfile=\(sb.root)/conf/")
+            sb.noteDaemon(container: joined)
             try #require(m.ok, "\(m)")
+            #expect(E2E.daemonPid(container: joined) != nil, "the daemon is found by the URI it was given")
             try E2E.write(sb.mnt + "/via-conf", "x")
             #expect(E2E.sh("sync '\(sb.mnt)/via-conf'").ok)
             #expect(sb.unmount().ok)

@@ -28,7 +28,7 @@ import Testing
         let uri = "postgresql://\(Shared.role)@127.0.0.1:\(cluster.port)/\(cluster.database)?passfile=\(Shared.passfile(cluster))"
         let refused = [
             (uri + "&foo=bar", "invalid URI query parameter"), (uri + "&sslmode=bogus", "invalid sslmode value"),
-            (uri + "&service=nosuchservice", "service"),
+            (uri + "&service=nosuchservice", "definition of service"),
             ("postgresql://no_such_role@/\(cluster.database)?host=\(cluster.socketDirectory)&port=\(cluster.port)", "does not exist"),
             (cluster.superuserURI.replacingOccurrences(of: "/\(cluster.database)?", with: "/no_such_db?"), "does not exist")
         ]

@@ -48,6 +48,38 @@ struct PostgresContainerTests {
             "\(p.conninfo)")
         #expect(try PostgresLocation(uri: "postgresql://h/db?sslrootcert=system").conninfo == "postgresql://h/db?sslrootcert=system")
         #expect(try PostgresLocation(uri: "postgresql://h/db?passfile=").conninfo == "postgresql://h/db?passfile=")
+        #expect(
+            try PostgresLocation(uri: "postgresql://h/db?sslkey=pkcs11:token").conninfo == "postgresql://h/db?sslkey=pkcs11:token", "an engine's key")
+    }
+
+    /// Which failed connections are refused for good (status 10, not retried) and which are a server away
+    /// (19, retried), from libpq 15's and PostgreSQL 15's own messages.
+    @Test func onlyPositiveEvidenceIsARefusal() {
+        let cases: [(String, Bool, Bool)] = [
+            ("FATAL:  password authentication failed for user \"alice\"", true, true),
+            ("fe_sendauth: no password supplied", true, true),
+            ("FATAL:  role \"alice\" does not exist", false, true),
+            ("FATAL:  no pg_hba.conf entry for host \"10.0.0.2\", user \"alice\", database \"docs\", no encryption", false, true),
+            ("invalid sslmode value: \"bogus\"", false, true),
+            ("invalid URI query parameter: \"foo\"", false, true),
+            ("definition of service \"x\" not found", false, true),
+            ("connection to server at \"db\" (10.0.0.1), port 5432 failed: SSL error: certificate verify failed", false, true),
+            ("server does not support SSL, but SSL was required", false, true),
+            // The server away, also after the password was checked (full, or shutting down).
+            ("FATAL:  remaining connection slots are reserved for non-replication superuser connections", true, false),
+            ("FATAL:  sorry, too many clients already", true, false),
+            ("FATAL:  the database system is starting up", false, false),
+            ("FATAL:  the database system is shutting down", true, false),
+            ("SSL connection has been closed unexpectedly", true, false),
+            ("connection to server at \"db\" (10.0.0.1), port 5432 failed: Connection refused", false, false),
+            ("could not translate host name \"db\" to address: Temporary failure in name resolution", false, false),
+            ("connection to server on socket \"/run/postgresql/.s.PGSQL.5432\" failed: No such file or directory", false, false),
+            // A server speaking German: not known as a refusal, so waited for (as before).
+            ("FATAL:  Rolle »alice« existiert nicht", false, false)
+        ]
+        for (message, asked, refused) in cases {
+            #expect(PGError.refusesForGood(message, askedForPassword: asked) == refused, "\(message)")
+        }
     }
 
     @Test func createOpenUnlockAndChangeSlots() throws {

@@ -57,8 +57,8 @@ public final class PGConnection: @unchecked Sendable {
         guard let c else { throw PGError(.connection, "out of memory") }
         guard PQstatus(c) == CONNECTION_OK else {
             var error = PGError(.connection, errorMessage(c))
-            error.loginRefused =
-                PQconnectionNeedsPassword(c) != 0 || PQconnectionUsedPassword(c) != 0 || !PGError.mayBeAway(error.message)
+            error.loginRefused = PGError.refusesForGood(
+                error.message, askedForPassword: PQconnectionNeedsPassword(c) != 0 || PQconnectionUsedPassword(c) != 0)
             PQfinish(c)
             throw error
         }

@@ -42,7 +42,7 @@ public struct PGError: Error, Equatable, Sendable, CustomStringConvertible {
     public let message: String
     /// A `.connection` failure where one end refused the login: the server asked for a password and none was
     /// found, or the one given did not open the session (wrong password, or no such database after it); or
-    /// this client refused the server or the string (`mayBeAway`). Waiting for the server changes nothing there.
+    /// this client refused the server or the string (`refusesForGood`). Waiting for the server changes nothing there.
     public var loginRefused = false
 
     public init(_ kind: Kind, _ message: String, sqlState: SQLState? = nil) {
@@ -68,30 +68,43 @@ public struct PGError: Error, Equatable, Sendable, CustomStringConvertible {
         }
     }
 
-    /// Whether libpq's message for a connection that failed may be a server that is away for now (down,
-    /// starting up or shutting down, full of clients, or a network that does not reach it yet), so waiting and
-    /// trying again may help. Everything else is a refusal that would fail the same way on every try (and
-    /// the user unit would retry it every 5 s without end): a string libpq rejects (an unknown parameter,
-    /// `sslmode=bogus`, a service that is not defined), a role or database that does not exist, a client key
-    /// it cannot use, and a server the string's TLS settings refuse (a certificate that does not verify or
-    /// names another host, a root certificate file that cannot be read, no TLS where `sslmode` requires it;
-    /// one may face an impostor). libpq has no codes for these: its English words are matched (Coffer sets no
-    /// locale for messages; under a translated one every failure would read as a refusal).
-    static func mayBeAway(_ message: String) -> Bool {
-        let refused = ["certificate", "private key", "SSL was required", "GSSAPI encryption required"]
-        if refused.contains(where: message.contains) { return false }
-        return awayWords.contains(where: message.contains)
+    /// Whether a connection that failed was refused for good: it would fail the same way on every try, so
+    /// waiting for the server (and the user unit's retry every 5 s) is pointless. Refused, on positive evidence
+    /// only: libpq refused the string or the server locally (`clientRefusals`: an unknown parameter,
+    /// `sslmode=bogus`, an undefined service, a client key it cannot use, a certificate that does not verify
+    /// or names another host, a missing root certificate file, no TLS where `sslmode` requires it); or the
+    /// server refused the login (`askedForPassword`, or `serverRefusals`: no such role or database, no
+    /// pg_hba.conf entry) unless the message also says the server is away (`awayWords`: full of clients or
+    /// shutting down right after the password check). Anything else, an unknown message included, is a server
+    /// away. libpq has no codes for these: its English words are matched (Coffer sets no locale for
+    /// messages), and so are the server's, which follow its `lc_messages`: a translated refusal reads as a
+    /// server away, retried as before.
+    static func refusesForGood(_ message: String, askedForPassword: Bool) -> Bool {
+        if clientRefusals.contains(where: message.contains) { return true }
+        if awayWords.contains(where: message.contains) { return false }
+        return askedForPassword || serverRefusals.contains(where: message.contains)
     }
+
+    /// libpq's own words for a connection string, key or server it refuses before any login.
+    static let clientRefusals = [
+        "invalid ", "missing \"=\"", "definition of service", "service file",  // the string (URI, option, value)
+        "certificate", "private key", "SSL was required", "GSSAPI encryption required"
+    ]
+
+    /// The server's words (in English) for a login it refuses whatever the moment.
+    static let serverRefusals = ["does not exist", "no pg_hba.conf entry", "authentication failed", "is not permitted to log in"]
 
     /// libpq's and the server's words for a server that cannot be reached or does not take connections yet.
     static let awayWords = [
-        "Connection refused", "No such file or directory",  // nothing listens (TCP port, Unix socket)
-        "timeout expired", "Connection timed out", "Network is unreachable", "No route to host", "Host is unreachable",
+        "Connection refused", "No such file or directory", "Resource temporarily unavailable",  // nothing listens, a full backlog
+        "timeout expired", "Connection timed out", "Network is unreachable", "Network is down", "No route to host", "Host is unreachable",
+        "Host is down", "Cannot assign requested address",
         "could not translate host name", "Temporary failure in name resolution",  // DNS, e.g. before the network is up
-        "the database system is", "too many clients", "remaining connection slots are reserved",  // 57P03, 53300
+        "the database system is", "too many clients", "too many connections for", "remaining connection slots are reserved",
+        "could not fork new process", "out of memory", "hot standby", "session is read-only",  // 57P03, 53300, a failover
         "server closed the connection unexpectedly", "could not receive data from server", "could not send data to server",
-        "Connection reset by peer", "SSL SYSCALL error", "EOF detected", "terminating connection due to administrator command",
-        "could not connect to server"
+        "could not send startup packet", "SSL connection has been closed unexpectedly", "unexpected eof", "Broken pipe",
+        "Connection reset by peer", "SSL SYSCALL error", "EOF detected", "terminating connection due to"
     ]
 
     /// SQLSTATEs that mean the session is gone even if libpq has not noticed yet.
