@@ -57,7 +57,7 @@ final class PageDropReplies: Sendable {
 
     /// Takes a direct write the filesystem has done: the kernel's page at `page` is dropped, then the WRITE
     /// is answered `written` (also when the mount is stopping: the write was done), or after `patience` if the
-    /// drop is still waiting by then (`answerOnce`). False when it was not taken (`throughRing` while another
+    /// drop is still waiting by then (`Once`). False when it was not taken (`throughRing` while another
     /// ring entry waits here): the caller answers it.
     func write(_ req: fuse_req_t, ino: UInt64, dropping page: off_t, written: Int, throughRing: Bool) -> Bool {
         if throughRing {
