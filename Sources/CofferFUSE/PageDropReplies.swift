@@ -78,13 +78,11 @@ final class PageDropReplies: Sendable {
         // The drop waits for that page if a WRITE holds it locked until it is answered: a write-through (a set-id
         // file written by its non-owner, or on a mount without the writeback cache the kernel's buffered rest of a
         // direct write that came back short), which the file's O_DIRECT flag does not tell apart. Answering it
-        // lets the drop finish; it is only the kernel's own window that stays open then.
+        // lets the drop finish; it is only the kernel's own window that stays open then. Not counted in `running`:
+        // a drop still waiting holds it already (so the session outlives this answer), and one that ended has
+        // answered (so this does nothing), and an unmount need not wait out the timer.
         let r = Request(req: req)
-        running.enter()
-        DispatchQueue.global().asyncAfter(deadline: .now() + Self.patience) { [self] in
-            defer { running.leave() }
-            answer(r.req)
-        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + Self.patience) { answer(r.req) }
         return true
     }
 

@@ -85,10 +85,12 @@ public struct PostgresLocation: Sendable, Equatable {
         guard pair.count == 2, fileParameters.contains(pair[0]), let value = String(pair[1]).removingPercentEncoding,
             let absolute = absoluteFile(String(pair[0]), value, against: directory)
         else { return parameter }
-        let unreserved = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
         guard let encoded = absolute.addingPercentEncoding(withAllowedCharacters: unreserved) else { return parameter }
         return pair[0] + "=" + encoded
     }
+
+    /// What a rewritten path keeps as it is in a URI: RFC 3986's unreserved characters and "/".
+    private static let unreserved = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
 
     /// `value` of libpq's file parameter `key` joined to `directory` (default: the working directory) when it is
     /// a relative path; nil when it is absolute, empty, or not a path (`sslrootcert=system`, the system's
