@@ -26,6 +26,9 @@
 #      os.read, os.close every ms from one Python process) until it reads the new counter; N rounds
 #      (a pause of BENCH_LAT_GAP_MS before each); p50/p99/max in ms from A's close to B's read
 #      (target p99 <= 1 s); once with both mounts idle, once while B untars the corpus over and over.
+# BENCH_PG_STATEMENTS=1: also the server's statement counts of each untar run (pg_stat_statements,
+#      preloaded in the cluster: the statements the daemons sent, by total time in the server, with
+#      their calls), printed after the report: which statements the runs at once spend more on.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=0; ROUNDS=1; LAT_GAP=${BENCH_LAT_GAP_MS:-50}; COFFER_OPTS=""; COFFER=${COFFER:-$here/.build/release/coffer}; LAT_N=${BENCH_LAT_N:-}
@@ -82,8 +85,17 @@ trap 'exit 130' INT TERM HUP
 
 make_corpus
 REF="$RUN/ref"; mkdir -p "$REF"; tar -xf "$CORPUS" -C "$REF"   # the corpus on local disk, for diff -r
+STATEMENTS=${BENCH_PG_STATEMENTS:-0}
+[ "$STATEMENTS" = 1 ] && BENCH_PG_SETTINGS="${BENCH_PG_SETTINGS:+$BENCH_PG_SETTINGS; }shared_preload_libraries = 'pg_stat_statements'"
 start_pg || { echo "multi: cannot start PostgreSQL" >&2; exit 1; }
 PSQL=(psql -X -q -At -F '|' -h "$PGROOT" -p "$PGPORT" -U postgres bench)
+[ "$STATEMENTS" = 1 ] && { "${PSQL[@]}" -c "CREATE EXTENSION pg_stat_statements" || exit 1; }
+# The daemons' statements since the last reset (the sampler's and this script's left out), by time in the server.
+STATEMENTS_SQL="SELECT calls, round(total_exec_time)::bigint, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 100)
+ FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'bench')
+ AND query !~ 'pg_stat_activity|pg_stat_statements' ORDER BY total_exec_time DESC"
+statements_reset() { [ "$STATEMENTS" = 1 ] && "${PSQL[@]}" -c "SELECT pg_stat_statements_reset()" > /dev/null; }
+statements_dump() { [ "$STATEMENTS" = 1 ] && "${PSQL[@]}" -c "$STATEMENTS_SQL" > "$1"; }
 log "coffer $COFFER; corpus $CORPUS ($CFILES files); latency rounds $LAT_N; $(nproc) cores; load:$(uptime | sed 's/.*load average://')"
 
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
@@ -168,7 +180,7 @@ run_untar() {
     mount_one "$MNT_A" "$name$round" || return 1
     if [ "$name" != seq ]; then mount_one "$MNT_B" "$name$round" || return 1; fi
     mkdir -p "$MNT_A/x" "$MNT_A/y"; cat "$CORPUS" > /dev/null; drop
-    c0=$(cpu_snap); start_sampler "$RUN/samples.$name.$round"; t0=$(now)
+    statements_reset; c0=$(cpu_snap); start_sampler "$RUN/samples.$name.$round"; t0=$(now)
     if [ "$name" = par ]; then
         ( untar "$MNT_A" "$MNT_A/x"; r=$?; now > "$RUN/end.a"; exit $r ) & pa=$!
         ( untar "$MNT_B" "$MNT_B/y"; r=$?; now > "$RUN/end.b"; exit $r ) & pb=$!
@@ -179,7 +191,7 @@ run_untar() {
         untar "$MNT_A" "$MNT_A/x" || rc=1; ta=$(secs "$t0" "$(now)")
         untar "$MNT_A" "$MNT_A/y" || rc=1; t1=$(now); tb=$(secs "$t0" "$t1")
     fi
-    stop_sampler; c1=$(cpu_snap)
+    stop_sampler; c1=$(cpu_snap); statements_dump "$RUN/statements.$name.$round"
     rec "untar $name $round $(secs "$t0" "$t1") $ta $tb $rc"
     rec "cpu $name.$round $c0 $c1 $(( (t1 - t0) / 1000000 ))"
     log "untar x2 $name (round $round): $(secs "$t0" "$t1") s (first done at $ta s, second at $tb s)$([ $rc = 0 ] || echo ', tar FAILED')"
@@ -384,3 +396,9 @@ for k in ("idle", "busy"):
         p = pct(v, .99)
         print("p99 %s: %.1f ms (target <= 1000 ms: %s)" % (k, p, "met" if p <= 1000 and lat[k][1] == 0 else "MISSED"))
 PY
+[ "$STATEMENTS" = 1 ] || exit 0
+for f in "$RUN"/statements.*; do
+    echo; echo "Statements of the run ${f##*/statements.} (calls, ms in the server, rows, statement), top 15 of $(wc -l < "$f"):"
+    awk -F'|' '{ c += $1; t += $2 } END { printf "  all: %d calls, %d ms\n", c, t }' "$f"
+    head -15 "$f" | awk -F'|' '{ printf "  %8d %7d %8d  %s\n", $1, $2, $3, $4 }'
+done

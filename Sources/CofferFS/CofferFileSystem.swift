@@ -31,9 +31,13 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         /// A coherent mount beside others commits its open group this soon (other mounts' listings
         /// show its changes once committed).
         public var sharedCommitInterval: Duration = .milliseconds(50)
-        /// ... and once another mount asks for the writer lock, as soon as the group is this old: a
-        /// busy mount does this much work per turn of the lock, the others wait at most this long.
+        /// ... and once another mount asks for the writer lock, as soon as the group is this old and this
+        /// mount has paused between changes for `writerPause`: an open elsewhere after a close here waits
+        /// about this long. A mount busy with changes keeps its group for `sharedCommitInterval`: every
+        /// turn of the lock costs both mounts a few milliseconds of nobody working (bench/multi.sh: two
+        /// untars at once took 1.39x the time of one after the other with 10 ms turns, 1.19x with 50 ms).
         public var writerSlice: Duration = .milliseconds(10)
+        public var writerPause: Duration = .milliseconds(2)
         /// One of several mounts of a shared container (PostgreSQL): records are read again once the
         /// store changed under this mount (`storeEpoch`), and `SharedMount` runs each change inside
         /// the group transaction that holds the container's writer lock. Set with
@@ -70,6 +74,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Counts the store's changes by other mounts (`EntityStore.onForeignChange`): a record read
     /// before the last one is read again before use (`state`). Only coherent mounts count.
     let storeEpoch = Atomic<UInt64>(0)
+    /// When the last change of a coherent mount ended (`DispatchTime` nanoseconds; `SharedMount.change`):
+    /// a group whose mount has paused since `writerPause` yields to a waiting mount after its slice.
+    let lastChangeEnded = Atomic<UInt64>(0)
     /// Files whose last chunk waits in memory, and the bytes written into such chunks since they were
     /// last stored (TailChunk.swift). Under meta.
     var heldTails: [InodeState] = []
@@ -525,22 +532,36 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     }
 
     /// Commits (changed records first) once the open transaction is old or large enough, or, on a
-    /// coherent mount, once another mount waits for the writer lock and the group had its slice.
+    /// coherent mount, once another mount waits for the writer lock, the group had its slice and this
+    /// mount paused between changes (`betweenChanges`: the committer's look, not one at a change's end).
     /// Atomic, not synced: durability is what fsync asks for, and it syncs every commit before it.
-    func commitIfDue() throws(FSError) {
+    func commitIfDue(betweenChanges: Bool = false) throws(FSError) {
         guard !options.readOnly else { return }
         // Beside others a group is committed soon, so that their listings show its changes.
         let interval = options.coherent && !store.isAlone ? options.sharedCommitInterval : options.commitInterval
-        let yields = options.coherent && store.othersWaiting && store.isCommitDue(age: options.writerSlice, volume: .max)
-        guard yields || store.isCommitDue(age: interval, volume: options.commitVolume) else { return }
+        guard yieldsToOthers(betweenChanges) || store.isCommitDue(age: interval, volume: options.commitVolume) else { return }
         awaitForgetsOnAFullDisk()
         try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
     }
 
+    /// Another mount waits for the writer lock, this group had its slice, and this mount is not busy:
+    /// no change for `writerPause`. A busy one keeps the lock for its commit interval (see `writerSlice`).
+    private func yieldsToOthers(_ betweenChanges: Bool) -> Bool {
+        guard options.coherent, betweenChanges, store.othersWaiting, store.isCommitDue(age: options.writerSlice, volume: .max) else {
+            return false
+        }
+        let pause =
+            UInt64(options.writerPause.components.attoseconds / 1_000_000_000) + UInt64(options.writerPause.components.seconds) * 1_000_000_000
+        return DispatchTime.now().uptimeNanoseconds &- lastChangeEnded.load(ordering: .acquiring) >= pause
+    }
+
+    /// Called by `SharedMount.change` as a change ends (under `groupGate`).
+    func changeEnded() { lastChangeEnded.store(DispatchTime.now().uptimeNanoseconds, ordering: .releasing) }
+
     /// `commitIfDue` for callers outside a change (the committer, a forget): on a coherent mount it
     /// waits for the change under way, if any (`groupGate`).
     func commitIfDueOutsideChanges() throws(FSError) {
-        try outsideChanges { () throws(FSError) in try commitIfDue() }
+        try outsideChanges { () throws(FSError) in try commitIfDue(betweenChanges: true) }
     }
 
     /// `body` between changes on a coherent mount (`groupGate`); at once on others.

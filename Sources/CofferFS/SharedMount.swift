@@ -56,9 +56,11 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
         try fs.checkWritable()
         return try fs.groupGate.withLock { () throws(FSError) -> T in
             try fs.beginGroup()
+            defer { fs.changeEnded() }
             let result = try body()
             // The committer ends groups too, but it must win `groupGate` from the workers: a busy mount
-            // checks here, between its changes, whether its interval or another mount's wait says so.
+            // checks here, between its changes, whether its interval says so (another mount's wait does not
+            // end a group whose mount is busy: the committer yields it once this mount pauses).
             if durable { try fs.commitGroup(durable: true) } else { try fs.commitIfDue() }
             return result
         }

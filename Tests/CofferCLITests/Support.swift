@@ -310,12 +310,20 @@ enum E2E {
         try? FileManager.default.removeItem(atPath: stateDirectory)
     }
 
-    /// A process that exists and is not a zombie.
+    /// A process that exists and is not a zombie, nor is any of its threads: a killed daemon's main
+    /// thread shows Z while another is still leaving (say, in a write to a slow disk), and until the
+    /// last one has left its files, and so its container's lock, are still held (CI: an fsck right
+    /// after a SIGKILL found the container "mounted" by the killed pid).
     static func isAlive(_ pid: pid_t) -> Bool {
         guard kill(pid, 0) == 0 || errno == EPERM else { return false }
-        guard let stat = readText("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return false }
-        let state = stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first
-        return state != "Z" && state != "X"
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? ["\(pid)"]
+        return tasks.contains { task in
+            guard let stat = readText("/proc/\(pid)/task/\(task)/stat") ?? readText("/proc/\(pid)/stat"),
+                let close = stat.lastIndex(of: ")")
+            else { return false }
+            let state = stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first
+            return state != "Z" && state != "X"
+        }
     }
 
     static func cmdline(_ pid: pid_t) -> [String] {
