@@ -32,10 +32,11 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         /// show its changes once committed).
         public var sharedCommitInterval: Duration = .milliseconds(50)
         /// ... and once another mount asks for the writer lock, as soon as the group is this old and this
-        /// mount has paused between changes for `writerPause`: an open elsewhere after a close here waits
-        /// about this long. A mount busy with changes keeps its group for `sharedCommitInterval`: every
-        /// turn of the lock costs both mounts a few milliseconds of nobody working (bench/multi.sh: two
-        /// untars at once took 1.39x the time of one after the other with 10 ms turns, 1.19x with 50 ms).
+        /// mount has paused between changes for `writerPause`, or the asker waits to open or look up a
+        /// name: an open elsewhere after a close here waits about this long. A mount busy with changes
+        /// keeps its group from other writers for `sharedCommitInterval`: every turn of the lock costs
+        /// both mounts a few milliseconds of nobody working (bench/multi.sh: two untars at once took
+        /// 1.39x the time of one after the other with 10 ms turns, 1.19x with 50 ms).
         public var writerSlice: Duration = .milliseconds(10)
         public var writerPause: Duration = .milliseconds(2)
         /// One of several mounts of a shared container (PostgreSQL): records are read again once the
@@ -544,15 +545,16 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
     }
 
-    /// Another mount waits for the writer lock, this group had its slice, and this mount is not busy:
-    /// no change for `writerPause`. A busy one keeps the lock for its commit interval (see `writerSlice`).
+    /// Another mount waits for the writer lock, this group had its slice, and either that mount waits to
+    /// read (an open or lookup: close-to-open stays within a slice) or this mount is not busy: no change
+    /// for `writerPause`. A busy one keeps the lock from other writers for its commit interval.
     private func yieldsToOthers(_ betweenChanges: Bool) -> Bool {
-        guard options.coherent, betweenChanges, store.othersWaiting, store.isCommitDue(age: options.writerSlice, volume: .max) else {
-            return false
-        }
-        let pause =
-            UInt64(options.writerPause.components.attoseconds / 1_000_000_000) + UInt64(options.writerPause.components.seconds) * 1_000_000_000
-        return DispatchTime.now().uptimeNanoseconds &- lastChangeEnded.load(ordering: .acquiring) >= pause
+        guard options.coherent, store.othersWaiting, store.isCommitDue(age: options.writerSlice, volume: .max) else { return false }
+        if store.readersWaiting { return true }
+        guard betweenChanges else { return false }
+        let pause = options.writerPause.components
+        let nanoseconds = UInt64(pause.seconds) * 1_000_000_000 + UInt64(pause.attoseconds / 1_000_000_000)
+        return DispatchTime.now().uptimeNanoseconds &- lastChangeEnded.load(ordering: .acquiring) >= nanoseconds
     }
 
     /// Called by `SharedMount.change` as a change ends (under `groupGate`).

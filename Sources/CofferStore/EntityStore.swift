@@ -237,6 +237,8 @@ public final class EntityStore: @unchecked Sendable {
     /// Another mount waits for the writer lock: the open group should end after its slice (always
     /// false on an engine without several mounts).
     public var othersWaiting: Bool { (backend as? CoherentBackend)?.othersWaiting ?? false }
+    /// Another mount waits to open or look up (close-to-open).
+    public var readersWaiting: Bool { (backend as? CoherentBackend)?.readersWaiting ?? false }
 
     /// Begins a group transaction now (the writer lock held, every other mount's commits seen), so
     /// that what the caller decides next is decided on the committed state. Nothing on other engines.

@@ -39,6 +39,9 @@ public protocol CoherentBackend: StoreBackend {
     /// here should end soon. Groups span several changes, on any number of mounts; this is what keeps
     /// one from holding the others up for longer than a short slice.
     var othersWaiting: Bool { get }
+    /// ... and one of them waits to read (an open, opendir or failed lookup: close-to-open), which a
+    /// busy group should not keep waiting longer than a slice.
+    var readersWaiting: Bool { get }
     /// Starts hearing the other mounts (on a thread of the engine's): `heard` for each of their
     /// commits, and after a lost connection, when some may have gone unheard; then `changed` with the
     /// inodes those commits wrote, when they named them; `wanted` when one asks for the writer lock.

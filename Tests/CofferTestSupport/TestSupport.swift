@@ -87,3 +87,22 @@ public struct SplitMix64: RandomNumberGenerator {
         return out
     }
 }
+
+/// A call run on a thread of its own while the test goes on (a waiter for a lock, say): whether it has
+/// returned yet, and what it threw.
+public final class BackgroundCall: @unchecked Sendable {
+    private let state = NSLock()
+    private var finished = false
+    private var error: (any Error)?
+
+    public init(_ body: @escaping @Sendable () throws -> Void) {
+        Thread { [self] in
+            var thrown: (any Error)?
+            do { try body() } catch { thrown = error }
+            state.withLock { (finished, error) = (true, thrown) }
+        }.start()
+    }
+
+    public var done: Bool { state.withLock { finished } }
+    public var failure: (any Error)? { state.withLock { error } }
+}

@@ -53,8 +53,12 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// A request counts for the open group when heard after it began, or just before: the asker may
     /// have found the lock held by this mount's previous group and asked as that one ended.
     static let askGrace: Duration = .milliseconds(20)
-    public var othersWaiting: Bool {
-        guard let asked = lastAsked.withLock({ $0 }), let since = pending.withLock({ $0.since }) else { return false }
+    public var othersWaiting: Bool { askedDuringGroup(lastAsked) }
+    /// When an open, opendir or failed lookup of another mount last asked (`readersWaiting`).
+    let lastReaderAsked = Mutex<ContinuousClock.Instant?>(nil)
+    public var readersWaiting: Bool { askedDuringGroup(lastReaderAsked) }
+    private func askedDuringGroup(_ last: borrowing Mutex<ContinuousClock.Instant?>) -> Bool {
+        guard let asked = last.withLock({ $0 }), let since = pending.withLock({ $0.since }) else { return false }
         return asked >= since - Self.askGrace
     }
     /// The connection that hears other mounts' commits (`listen`).
@@ -242,7 +246,9 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
                 conninfo: location.conninfo, sql: sql, ignoring: fenceHolder ?? "",
                 sole: { [weak self] at in self?.soleConfirmed.withLock { $0 = at } },
                 joined: { [weak self] in self?.joined.load(ordering: .acquiring) ?? false }, heard: heard, changed: changed,
-                wanted: { [weak self] in
+                wanted: { [weak self] byReader in
+                    // The reader's first: whoever sees the ask sees what kind it is.
+                    if byReader { self?.lastReaderAsked.withLock { $0 = .now } }
                     self?.lastAsked.withLock { $0 = .now }
                     wanted()
                 })

@@ -20,9 +20,9 @@ final class PostgresListener: @unchecked Sendable {
         conninfo: String, sql: PostgresSQL, ignoring me: String,
         sole: @escaping @Sendable (ContinuousClock.Instant?) -> Void, joined: @escaping @Sendable () -> Bool,
         heard: @escaping @Sendable () -> Void, changed: @escaping @Sendable ([UInt64]) -> Void,
-        wanted: @escaping @Sendable () -> Void
+        wanted: @escaping @Sendable (_ byReader: Bool) -> Void
     ) {
-        let myWant = PostgresSQL.wantPrefix + me, myJoin = PostgresSQL.joinPrefix + me
+        let myWant = PostgresSQL.wantPrefix + me, myReaderWant = PostgresSQL.readerWantPrefix + me, myJoin = PostgresSQL.joinPrefix + me
         let channel = sql.channel, schema = [PGValue.text(sql.schema)]
         let thread = Thread { [self] in
             var connection: PGConnection?
@@ -36,7 +36,8 @@ final class PostgresListener: @unchecked Sendable {
                 let commits = payloads.map(PostgresSQL.parsePayload).filter {
                     !$0.holder.hasPrefix(PostgresSQL.wantPrefix) && !$0.holder.hasPrefix(PostgresSQL.joinPrefix) && $0.holder != me
                 }
-                if payloads.contains(where: { $0.hasPrefix(PostgresSQL.wantPrefix) && $0 != myWant }) { wanted() }
+                let asks = payloads.filter { $0.hasPrefix(PostgresSQL.wantPrefix) && $0 != myWant && $0 != myReaderWant }
+                if !asks.isEmpty { wanted(asks.contains { $0.hasPrefix(PostgresSQL.readerWantPrefix) }) }
                 if !commits.isEmpty {
                     heard()
                     let named = commits.flatMap { $0.inodes ?? [] }
@@ -66,7 +67,7 @@ final class PostgresListener: @unchecked Sendable {
                         connection = c
                         if !first {  // commits and requests made while this connection was away went unheard
                             heard()
-                            wanted()
+                            wanted(false)
                         }
                         first = false
                     }

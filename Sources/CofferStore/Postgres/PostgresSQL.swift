@@ -131,6 +131,10 @@ struct PostgresSQL: Sendable {
     /// A notification whose payload starts with this is a mount asking for the writer lock (the rest
     /// names it): a mount with a group open ends it soon (`PostgresListener`, `othersWaiting`).
     static let wantPrefix = "?"
+    /// ... and this one, an open, opendir or failed lookup waiting for the lock shared (close-to-open):
+    /// a busy holder ends its group after its slice for it, not only once it pauses. Holder ids are
+    /// hex, so `?r` never starts a writer's ask; mounts of earlier versions take it for one.
+    static let readerWantPrefix = "?r"
     var stateRow: String { "SELECT value FROM \(q).meta WHERE name = 'state'" }
     static let notify = "SELECT pg_notify($1, $2)"
 

@@ -82,7 +82,7 @@ extension PostgresBackend {
             return try idle { c in
                 let r = try c.pipeline([PGStatement(sql.tryWriterLockShared, lock, prepared: true), PGStatement(sql.stateRow, prepared: true)])
                 if r.count == 2, try r[0].bool(0, 0) == true { return try r[1].bytes(0, 0) }
-                return try waitingForTheWriterLock(c) {
+                return try waitingForTheWriterLock(c, reader: true) {
                     let w = try c.pipeline([
                         PGStatement(sql.writerLockShared, lock + [.text(lockTimeout)], prepared: true), PGStatement(sql.stateRow, prepared: true)
                     ])
@@ -95,8 +95,9 @@ extension PostgresBackend {
     /// Tells the other mounts that this one waits for the writer lock: the one holding it ends its
     /// group after its slice (`CoherentBackend.othersWaiting`). Sent outside any transaction (after
     /// a ROLLBACK, or alone), so the notification goes out at the batch's end, at once.
-    private var askForTheWriterLock: PGStatement {
-        PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(PostgresSQL.wantPrefix + (fenceHolder ?? ""))], prepared: true)
+    private func askForTheWriterLock(reader: Bool) -> PGStatement {
+        let prefix = reader ? PostgresSQL.readerWantPrefix : PostgresSQL.wantPrefix
+        return PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(prefix + (fenceHolder ?? ""))], prepared: true)
     }
 
     /// Runs `wait` (a wait for the writer lock of at most `lockSlice` seconds, outside any transaction when
@@ -104,11 +105,11 @@ extension PostgresBackend {
     /// trip) the holder is asked to end its group, and after each wait that ran out a holder stalled on
     /// its client for a slice whose lease has lapsed is ended (`endLapsedWriter`), so a stopped machine
     /// holds the others up for about a lease and a slice, whatever it stopped in.
-    private func waitingForTheWriterLock<T>(_ c: PGConnection, first: [PGStatement] = [], _ wait: () throws -> T) throws -> T {
-        var ask = first + [askForTheWriterLock]
+    private func waitingForTheWriterLock<T>(_ c: PGConnection, reader: Bool = false, first: [PGStatement] = [], _ wait: () throws -> T) throws -> T {
+        var ask = first + [askForTheWriterLock(reader: reader)]
         while true {
             _ = try c.pipeline(ask)
-            ask = [askForTheWriterLock]
+            ask = [askForTheWriterLock(reader: reader)]
             do {
                 return try wait()
             } catch {
