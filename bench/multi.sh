@@ -396,9 +396,12 @@ for k in ("idle", "busy"):
         p = pct(v, .99)
         print("p99 %s: %.1f ms (target <= 1000 ms: %s)" % (k, p, "met" if p <= 1000 and lat[k][1] == 0 else "MISSED"))
 PY
-[ "$STATEMENTS" = 1 ] || exit 0
+report=$?
+[ "$STATEMENTS" = 1 ] || exit $report
+shopt -s nullglob
 for f in "$RUN"/statements.*; do
     echo; echo "Statements of the run ${f##*/statements.} (calls, ms in the server, rows, statement), top 15 of $(wc -l < "$f"):"
     awk -F'|' '{ c += $1; t += $2 } END { printf "  all: %d calls, %d ms\n", c, t }' "$f"
     head -15 "$f" | awk -F'|' '{ printf "  %8d %7d %8d  %s\n", $1, $2, $3, $4 }'
 done
+exit $report

@@ -38,6 +38,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         /// both mounts a few milliseconds of nobody working (bench/multi.sh: two untars at once took
         /// 1.39x the time of one after the other with 10 ms turns, 1.19x with 50 ms).
         public var writerSlice: Duration = .milliseconds(10)
+        /// How long without a change counts as a pause (the committer looks every 2 ms meanwhile).
         public var writerPause: Duration = .milliseconds(2)
         /// One of several mounts of a shared container (PostgreSQL): records are read again once the
         /// store changed under this mount (`storeEpoch`), and `SharedMount` runs each change inside
@@ -533,13 +534,16 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     }
 
     /// Commits (changed records first) once the open transaction is old or large enough, or, on a
-    /// coherent mount, once another mount waits for the writer lock, the group had its slice and this
-    /// mount paused between changes (`betweenChanges`: the committer's look, not one at a change's end).
+    /// coherent mount, once another mount waits for the writer lock, the group had its slice, and the
+    /// waiter reads or this mount paused between changes (`betweenChanges`: the committer's look, not
+    /// one at a change's end; `yieldsToOthers`).
     /// Atomic, not synced: durability is what fsync asks for, and it syncs every commit before it.
     func commitIfDue(betweenChanges: Bool = false) throws(FSError) {
         guard !options.readOnly else { return }
-        // Beside others a group is committed soon, so that their listings show its changes.
-        let interval = options.coherent && !store.isAlone ? options.sharedCommitInterval : options.commitInterval
+        // Beside others a group is committed soon, so that their listings show its changes; a group begun
+        // alone too, once another mount waits for it (one that just mounted, an fsck).
+        let beside = options.coherent && (!store.isAlone || store.othersWaiting)
+        let interval = beside ? options.sharedCommitInterval : options.commitInterval
         guard yieldsToOthers(betweenChanges) || store.isCommitDue(age: interval, volume: options.commitVolume) else { return }
         awaitForgetsOnAFullDisk()
         try meta.withLock { () throws(FSError) in try commitLocked(durable: false) }
@@ -553,11 +557,12 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         if store.readersWaiting { return true }
         guard betweenChanges else { return false }
         let pause = options.writerPause.components
-        let nanoseconds = UInt64(pause.seconds) * 1_000_000_000 + UInt64(pause.attoseconds / 1_000_000_000)
-        return DispatchTime.now().uptimeNanoseconds &- lastChangeEnded.load(ordering: .acquiring) >= nanoseconds
+        let nanoseconds = max(0, pause.seconds) * 1_000_000_000 + max(0, pause.attoseconds / 1_000_000_000)
+        return DispatchTime.now().uptimeNanoseconds &- lastChangeEnded.load(ordering: .acquiring) >= UInt64(nanoseconds)
     }
 
-    /// Called by `SharedMount.change` as a change ends (under `groupGate`).
+    /// Called by `SharedMount.change` as a change ends (under `groupGate`). `DispatchTime`'s monotonic
+    /// nanoseconds, not a `ContinuousClock.Instant`: an atomic holds the number.
     func changeEnded() { lastChangeEnded.store(DispatchTime.now().uptimeNanoseconds, ordering: .releasing) }
 
     /// `commitIfDue` for callers outside a change (the committer, a forget): on a coherent mount it

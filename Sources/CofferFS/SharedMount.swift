@@ -11,8 +11,9 @@ import Logging
 ///   every mount (two creates of one name: one EEXIST; rmdir of a directory just filled: ENOTEMPTY).
 ///   The group spans changes, as on a mount of its own, and ends (commits, not durably: fsync does)
 ///   after `sharedCommitInterval` (a second when no other mount is there), or sooner when another
-///   mount asks for the lock, once this one had its `writerSlice`: a busy mount beside idle ones
-///   keeps its speed, and busy mounts take turns a slice at a time.
+///   mount asks for the lock, once this one had its `writerSlice`: at once for an open or lookup
+///   waiting, for a writer once this mount pauses. A busy mount beside idle ones keeps its speed,
+///   and busy mounts take turns of `sharedCommitInterval`.
 /// - Records read before another mount's commit are read again before use (`CofferFileSystem.state`).
 /// - Close-to-open: every OPEN (and OPENDIR, and a lookup that finds nothing) first waits for a
 ///   group open on another mount, which is asked to end (`EntityStore.catchUp`), and reads the

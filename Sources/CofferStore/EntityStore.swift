@@ -234,8 +234,8 @@ public final class EntityStore: @unchecked Sendable {
         set { handlers.withLock { $0.othersWaiting = newValue } }
     }
 
-    /// Another mount waits for the writer lock: the open group should end after its slice (always
-    /// false on an engine without several mounts).
+    /// Another mount waits for the writer lock: the open group should end soon (`CoherentBackend`;
+    /// always false on an engine without several mounts).
     public var othersWaiting: Bool { (backend as? CoherentBackend)?.othersWaiting ?? false }
     /// Another mount waits to open or look up (close-to-open).
     public var readersWaiting: Bool { (backend as? CoherentBackend)?.readersWaiting ?? false }

@@ -36,8 +36,9 @@ public protocol CoherentBackend: StoreBackend {
     /// This mount's lease was taken again after it lapsed: it joins again before its next group.
     func rejoin()
     /// Another mount waits for the writer lock (it asked since this mount's last commit): a group open
-    /// here should end soon. Groups span several changes, on any number of mounts; this is what keeps
-    /// one from holding the others up for longer than a short slice.
+    /// here should end soon, after a short slice for a reader (`readersWaiting`), once this mount
+    /// pauses or its commit interval ends for a writer. Groups span several changes, on any number of
+    /// mounts; this is what keeps one from holding the others up.
     var othersWaiting: Bool { get }
     /// ... and one of them waits to read (an open, opendir or failed lookup: close-to-open), which a
     /// busy group should not keep waiting longer than a slice.

@@ -13,60 +13,104 @@ import Testing
 /// pair takes long turns (CofferFileSystem.yieldsToOthers; bench/multi.sh counts them).
 @Suite("Turns of the writer lock")
 struct WriterTurnTests {
-    @Test func aBusyGroupEndsForAReaderAfterItsSliceAndForAWriterOnceItPauses() throws {
-        let dir = try makeTempDir()
-        let made = try TestStore.create(.postgres, in: dir, name: SQLiteBackend.fileName)
-        let location = try #require(made.location)
-        let leaseA = try PostgresLease.take(location, purpose: "mount", machine: "turn-a")
-        let leaseB = try PostgresLease.take(location, purpose: "mount", machine: "turn-b")
-        defer {
-            leaseA.release()
-            leaseB.release()
+    /// A container, A's lease and filesystem, whose groups no interval ends unless `sharedInterval`
+    /// says so (a slice is over at once, and a pause is 2 s without a change: a loaded machine's delays
+    /// stay below it), and B's lease and store (a mount's, minus the filesystem), taken by `mountB`.
+    private final class Pair {
+        let fs: CofferFileSystem, a: SharedMount
+        private let made: TestStore, location: PostgresLocation
+        private var leases: [PostgresLease] = []
+        private var stores: [EntityStore] = []
+        init(sharedInterval: Duration = .seconds(3600)) throws {
+            let dir = try makeTempDir()
+            made = try TestStore.create(.postgres, in: dir, name: SQLiteBackend.fileName)
+            location = try #require(made.location)
+            var options = CofferFileSystem.Options()
+            options.coherent = true
+            options.commitInterval = .seconds(3600)
+            options.sharedCommitInterval = sharedInterval
+            options.writerSlice = .zero
+            options.writerPause = .seconds(2)
+            let store = try Self.shared(made, location, machine: "turn-a", &leases)
+            fs = try CofferFileSystem(store: store, chunkSize: 4096, options: options, statfsPath: dir, logger: Logger(label: "test"))
+            a = SharedMount(fs)
         }
-        func shared(_ holder: String) throws -> EntityStore {
+        /// A mount's store: its lease first, coherent, sharing with others.
+        private static func shared(_ made: TestStore, _ location: PostgresLocation, machine: String, _ leases: inout [PostgresLease]) throws
+            -> EntityStore
+        {
+            let lease = try PostgresLease.take(location, purpose: "mount", machine: machine)
+            leases.append(lease)
             let store = try made.open()
             let backend = try #require(store.backend as? PostgresBackend)
             backend.coherent = true
-            backend.fenceHolder = holder
+            backend.fenceHolder = lease.me.holder
             store.shareWithOtherMounts(floor: 0)
             return store
         }
-        // No interval ends a group here, the slice is over at once, and a pause is 0.2 s without a change.
-        var options = CofferFileSystem.Options()
-        options.coherent = true
-        options.commitInterval = .seconds(3600)
-        options.sharedCommitInterval = .seconds(3600)
-        options.writerSlice = .zero
-        options.writerPause = .milliseconds(200)
-        let fs = try CofferFileSystem(
-            store: try shared(leaseA.me.holder), chunkSize: 4096, options: options, statfsPath: dir, logger: Logger(label: "test"))
-        defer { fs.shutdown() }
-        let a = SharedMount(fs)
-        let b = try shared(leaseB.me.holder)
-        defer { b.close() }
+        func mountB() throws -> EntityStore {
+            let b = try Self.shared(made, location, machine: "turn-b", &leases)
+            stores.append(b)
+            return b
+        }
+        /// A's filesystem first: a waiter of B's that never got the lock must not hold B's close up.
+        func close() {
+            fs.shutdown()
+            for s in stores { s.close() }
+            for l in leases { l.release() }
+        }
+        func mkdir(_ name: String) throws { _ = try a.mkdir(parent: root, name: Array(name.utf8), mode: 0o755, caller: caller) }
+    }
 
+    @Test func aBusyGroupEndsForAReaderAfterItsSliceAndForAWriterOnceItPauses() throws {
+        let p = try Pair()
+        defer { p.close() }
+        let (fs, b) = (p.fs, try p.mountB())
         for reader in [false, true] {
             let what = reader ? "a reader" : "a writer"
-            _ = try a.mkdir(parent: root, name: Array("\(what) 1".utf8), mode: 0o755, caller: caller)
+            try p.mkdir("\(what) 1")
             #expect(fs.store.hasPendingChanges, "\(what): a's group is open")
             let waiter = BackgroundCall { if reader { try b.catchUp() } else { try b.beginGroup() } }
-            #expect(waitUntil(10, every: 0.01) { fs.store.othersWaiting }, "\(what): a heard the request")
+            try #require(waitUntil(10, every: 0.01) { fs.store.othersWaiting }, "\(what): a heard the request")
             #expect(fs.store.readersWaiting == reader)
             // Busy: the next change ends, and the group with it only for a reader.
-            _ = try a.mkdir(parent: root, name: Array("\(what) 2".utf8), mode: 0o755, caller: caller)
+            try p.mkdir("\(what) 2")
             if reader {
                 #expect(!fs.store.hasPendingChanges, "a reader's wait ends a busy group after its slice")
             } else {
                 #expect(fs.store.hasPendingChanges, "a writer's wait does not end a busy group")
+                try fs.commitIfDueOutsideChanges()
+                #expect(fs.store.hasPendingChanges, "nor does the committer's look before a pause")
                 #expect(!waiter.done, "the writer still waits")
-                usleep(300_000)  // a pause between changes
+                usleep(2_100_000)  // a pause between changes
                 try fs.commitIfDueOutsideChanges()
                 #expect(!fs.store.hasPendingChanges, "once a has paused, its group ends for the writer")
             }
-            #expect(waitUntil(10, every: 0.01) { waiter.done }, "\(what) goes on")
+            try #require(waitUntil(10, every: 0.01) { waiter.done }, "\(what) goes on")
             #expect(waiter.failure == nil)
             #expect(try b.entry(parent: root, name: Array("\(what) 2".utf8)) != nil, "\(what) sees a's changes")
             if !reader { try b.commit(durable: false) }
         }
+    }
+
+    /// A group begun while A was the only mount runs to A's own commit interval (a second by default)
+    /// unless another mount waits: then to the interval of mounts beside others, busy or not (a mount
+    /// that joins takes the writer lock once before it mounts; it waited up to a second).
+    @Test func aGroupBegunAloneEndsAtTheSharedIntervalOnceAWriterWaits() throws {
+        let p = try Pair(sharedInterval: .zero)
+        defer { p.close() }
+        let fs = p.fs
+        try p.mkdir("alone 1")
+        #expect(fs.store.isAlone, "A's group began alone")
+        let b = try p.mountB()
+        try p.mkdir("alone 2")
+        #expect(fs.store.hasPendingChanges, "alone, the group runs to A's own interval")
+        let waiter = BackgroundCall { try b.beginGroup() }
+        try #require(waitUntil(10, every: 0.01) { fs.store.othersWaiting }, "a heard the request")
+        try p.mkdir("alone 3")
+        #expect(!fs.store.hasPendingChanges, "a writer's wait ends the busy group at the shared interval")
+        try #require(waitUntil(10, every: 0.01) { waiter.done }, "the writer goes on")
+        #expect(waiter.failure == nil)
+        try b.commit(durable: false)
     }
 }

@@ -67,7 +67,7 @@ final class PostgresListener: @unchecked Sendable {
                         connection = c
                         if !first {  // commits and requests made while this connection was away went unheard
                             heard()
-                            wanted(false)
+                            wanted(false)  // a reader's then waits for this mount's pause, once
                         }
                         first = false
                     }

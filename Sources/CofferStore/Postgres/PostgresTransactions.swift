@@ -92,9 +92,10 @@ extension PostgresBackend {
         }
     }
 
-    /// Tells the other mounts that this one waits for the writer lock: the one holding it ends its
-    /// group after its slice (`CoherentBackend.othersWaiting`). Sent outside any transaction (after
-    /// a ROLLBACK, or alone), so the notification goes out at the batch's end, at once.
+    /// Tells the other mounts that this one waits for the writer lock, to write or (`reader`) to read:
+    /// the one holding it ends its group soon (`CoherentBackend.othersWaiting`, `readersWaiting`). Sent
+    /// outside any transaction (after a ROLLBACK, or alone), so the notification goes out at the batch's
+    /// end, at once.
     private func askForTheWriterLock(reader: Bool) -> PGStatement {
         let prefix = reader ? PostgresSQL.readerWantPrefix : PostgresSQL.wantPrefix
         return PGStatement(PostgresSQL.notify, [.text(sql.channel), .text(prefix + (fenceHolder ?? ""))], prepared: true)
