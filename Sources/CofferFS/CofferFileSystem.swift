@@ -76,9 +76,9 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// Counts the store's changes by other mounts (`EntityStore.onForeignChange`): a record read
     /// before the last one is read again before use (`state`). Only coherent mounts count.
     let storeEpoch = Atomic<UInt64>(0)
-    /// When the last change of a coherent mount ended (`DispatchTime` nanoseconds; `SharedMount.change`):
-    /// a group whose mount has paused since `writerPause` yields to a waiting mount after its slice.
-    let lastChangeEnded = Atomic<UInt64>(0)
+    /// When the last change of a coherent mount ended (`SharedMount.change`): a group whose mount has
+    /// paused since `writerPause` yields to a waiting mount after its slice.
+    let lastChangeEnded = Mutex<ContinuousClock.Instant>(.now)
     /// Files whose last chunk waits in memory, and the bytes written into such chunks since they were
     /// last stored (TailChunk.swift). Under meta.
     var heldTails: [InodeState] = []
@@ -555,15 +555,11 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     private func yieldsToOthers(_ betweenChanges: Bool) -> Bool {
         guard options.coherent, store.othersWaiting, store.isCommitDue(age: options.writerSlice, volume: .max) else { return false }
         if store.readersWaiting { return true }
-        guard betweenChanges else { return false }
-        let pause = options.writerPause.components
-        let nanoseconds = max(0, pause.seconds) * 1_000_000_000 + max(0, pause.attoseconds / 1_000_000_000)
-        return DispatchTime.now().uptimeNanoseconds &- lastChangeEnded.load(ordering: .acquiring) >= UInt64(nanoseconds)
+        return betweenChanges && ContinuousClock.now - lastChangeEnded.withLock({ $0 }) >= options.writerPause
     }
 
-    /// Called by `SharedMount.change` as a change ends (under `groupGate`). `DispatchTime`'s monotonic
-    /// nanoseconds, not a `ContinuousClock.Instant`: an atomic holds the number.
-    func changeEnded() { lastChangeEnded.store(DispatchTime.now().uptimeNanoseconds, ordering: .releasing) }
+    /// Called by `SharedMount.change` as a change ends (under `groupGate`).
+    func changeEnded() { lastChangeEnded.withLock { $0 = .now } }
 
     /// `commitIfDue` for callers outside a change (the committer, a forget): on a coherent mount it
     /// waits for the change under way, if any (`groupGate`).

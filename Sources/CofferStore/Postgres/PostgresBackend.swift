@@ -48,17 +48,16 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// `join` ran (and the lease was not taken again since, `rejoin`): only then may the listener take the
     /// sole lock (a mount's own join must not wait for it).
     let joined = Atomic<Bool>(false)
-    /// When another mount last asked for the writer lock (`othersWaiting`).
-    let lastAsked = Mutex<ContinuousClock.Instant?>(nil)
+    /// When another mount last asked for the writer lock (`othersWaiting`), and when an open, opendir or
+    /// failed lookup of another mount last did (`readersWaiting`).
+    let lastAsked = Mutex<(any: ContinuousClock.Instant?, reader: ContinuousClock.Instant?)>((nil, nil))
     /// A request counts for the open group when heard after it began, or just before: the asker may
     /// have found the lock held by this mount's previous group and asked as that one ended.
     static let askGrace: Duration = .milliseconds(20)
-    public var othersWaiting: Bool { askedDuringGroup(lastAsked) }
-    /// When an open, opendir or failed lookup of another mount last asked (`readersWaiting`).
-    let lastReaderAsked = Mutex<ContinuousClock.Instant?>(nil)
-    public var readersWaiting: Bool { askedDuringGroup(lastReaderAsked) }
-    private func askedDuringGroup(_ last: borrowing Mutex<ContinuousClock.Instant?>) -> Bool {
-        guard let asked = last.withLock({ $0 }), let since = pending.withLock({ $0.since }) else { return false }
+    public var othersWaiting: Bool { askedDuringGroup(lastAsked.withLock { $0.any }) }
+    public var readersWaiting: Bool { askedDuringGroup(lastAsked.withLock { $0.reader }) }
+    private func askedDuringGroup(_ asked: ContinuousClock.Instant?) -> Bool {
+        guard let asked, let since = pending.withLock({ $0.since }) else { return false }
         return asked >= since - Self.askGrace
     }
     /// The connection that hears other mounts' commits (`listen`).
@@ -247,9 +246,10 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
                 sole: { [weak self] at in self?.soleConfirmed.withLock { $0 = at } },
                 joined: { [weak self] in self?.joined.load(ordering: .acquiring) ?? false }, heard: heard, changed: changed,
                 wanted: { [weak self] byReader in
-                    // The reader's first: whoever sees the ask sees what kind it is.
-                    if byReader { self?.lastReaderAsked.withLock { $0 = .now } }
-                    self?.lastAsked.withLock { $0 = .now }
+                    self?.lastAsked.withLock { asked in
+                        asked.any = .now
+                        if byReader { asked.reader = asked.any }
+                    }
                     wanted()
                 })
         }
