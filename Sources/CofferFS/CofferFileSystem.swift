@@ -186,6 +186,8 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     public func shutdown() {
         meta.withLock { stopped = true }
+        // The reaper deletes in a group of the container's; an open group of inodes goes first.
+        if store.holdsInodeGroup { try? commitGroup(durable: false) }
         reapAll()
         do { try commit() } catch {
             logger.error("final commit failed: \(error)")
@@ -617,9 +619,21 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     /// Begins this mount's group transaction with the container's writer lock: what follows is decided
     /// on what every mount committed. A rollback met here is EIO (logged).
-    func beginGroup() throws(FSError) {
-        let opening = !store.hasPendingChanges
-        do { try store.beginGroup() } catch { throw fsError(error) }
+    ///
+    /// `scope`: what the change decides on. A group of inodes that cannot take it (another mount holds
+    /// the inode, or the change needs the container) is committed first, and the next one waits for what
+    /// the change needs. A removed file whose record and orphan row wait in memory (`dying`) is no
+    /// change's inode: while there is one, groups take the container.
+    func beginGroup(_ scope: GroupScope = .container) throws(FSError) {
+        var opening = !store.hasPendingChanges
+        let wanted = meta.withLock { dying.values.contains { $0.dirty } } ? .container : scope
+        while true {
+            let ready: Bool
+            do { ready = try store.beginGroup(wanted) } catch { throw fsError(error) }
+            if ready { break }
+            try commitGroup(durable: false)
+            opening = true
+        }
         meta.withLock { applyLostCommits() }
         // Beside other mounts a group is committed within `sharedCommitInterval` (their kernels hear of its
         // changes then): the committer, asleep longer while no group was open, looks again.

@@ -34,8 +34,18 @@ extension CofferFileSystem {
                 dying[ino] = s
                 return false
             }
-            // Removing an unlinked file is several statements: one visit to the writer.
-            _ = try? store.batch { release(ifUnused: s) }
+            // Removing an unlinked file is several statements: one visit to the writer. Not into an open group
+            // of inodes, which does not hold this one: the reaper deletes it in a group of its own.
+            _ = try? store.batch {
+                if s.record.nlink == 0 && !s.deleted && reapsWhenQuiet && store.holdsInodeGroup {
+                    s.tail = nil
+                    s.wipeCipher()
+                    inodes[ino] = nil
+                    dying[ino] = s
+                } else {
+                    release(ifUnused: s)
+                }
+            }
             return s.deleted
         }
         // Short of space, `rm` frees it here, at the forget: the deletes commit in pieces

@@ -23,7 +23,8 @@ extension CofferFileSystem {
         var victims: [InodeState] = []
         do {
             try store.batch { () throws -> Void in
-                guard meta.tryLock() else { return }
+                // A removed file is no inode an open inode group holds: its rows wait for the next group.
+                guard !store.holdsInodeGroup, meta.tryLock() else { return }
                 // A dropped group may have taken the unlinks that made these files dying: after a lost
                 // connection the reaper deleted the inode of a file that was back, fsynced content and
                 // all, and left its entry dangling. The reload keeps only what the store holds unlinked.

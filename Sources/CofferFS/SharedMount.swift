@@ -53,10 +53,12 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     /// Runs one change inside the group that holds the writer lock (see above), one change at a time
     /// on this mount; `durable` (fsync) commits and waits for the server's disk.
-    func change<T>(durable: Bool = false, _ body: () throws(FSError) -> T) throws(FSError) -> T {
+    /// `scope`: what the change decides on and writes (`GroupScope`): its inode, or the parent a name is
+    /// made in; the container for changes whose decisions span several inodes.
+    func change<T>(_ scope: GroupScope, durable: Bool = false, _ body: () throws(FSError) -> T) throws(FSError) -> T {
         try fs.checkWritable()
         return try fs.groupGate.withLock { () throws(FSError) -> T in
-            try fs.beginGroup()
+            try fs.beginGroup(scope)
             defer { fs.changeEnded() }
             let result = try body()
             // The committer ends groups too, but it must win `groupGate` from the workers: a busy mount
@@ -69,8 +71,8 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     /// Waits for a group open on another mount and reads the state it left (close-to-open); a group
     /// of this mount's own already sees everything.
-    private func awaitGroupsElsewhere() throws(FSError) {
-        do { try fs.store.catchUp() } catch { throw fs.fsError(error) }
+    private func awaitGroupsElsewhere(changing inode: InodeNumber) throws(FSError) {
+        do { try fs.store.catchUp(of: inode) } catch { throw fs.fsError(error) }
     }
 
     /// Reads again when the chunks changed under the read (another mount committed between the file's
@@ -106,7 +108,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func lookup(parent: InodeNumber, name: [UInt8]) throws(FSError) -> Attributes {
         let epoch = fs.storeEpoch.load(ordering: .acquiring)
         do { return try fs.lookup(parent: parent, name: name) } catch  where error == .notFound {
-            try awaitGroupsElsewhere()
+            try awaitGroupsElsewhere(changing: parent)
             guard fs.storeEpoch.load(ordering: .acquiring) != epoch else { throw error }
             return try fs.lookup(parent: parent, name: name)
         }
@@ -114,41 +116,42 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     public func forget(_ ino: InodeNumber, lookups: UInt64) { fs.forget(ino, lookups: lookups) }
     public func getattr(_ ino: InodeNumber) throws(FSError) -> Attributes { try fs.getattr(ino) }
     public func setattr(_ ino: InodeNumber, changes: AttributeChanges, handle: HandleID?, caller: Caller) throws(FSError) -> Attributes {
-        try change { () throws(FSError) in try fs.setattr(ino, changes: changes, handle: handle.map { _ in .none }, caller: caller) }
+        try change(.inode(ino)) { () throws(FSError) in try fs.setattr(ino, changes: changes, handle: handle.map { _ in .none }, caller: caller) }
     }
     public func readlink(_ ino: InodeNumber) throws(FSError) -> [UInt8] { try fs.readlink(ino) }
     @discardableResult public func clearSetID(_ ino: InodeNumber) throws(FSError) -> Bool {
-        try change { () throws(FSError) in try fs.clearSetID(ino) }
+        try change(.inode(ino)) { () throws(FSError) in try fs.clearSetID(ino) }
     }
     public func mknod(parent: InodeNumber, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes {
-        try change { () throws(FSError) in try fs.mknod(parent: parent, name: name, mode: mode, rdev: rdev, caller: caller) }
+        try change(.inode(parent)) { () throws(FSError) in try fs.mknod(parent: parent, name: name, mode: mode, rdev: rdev, caller: caller) }
     }
     public func mkdir(parent: InodeNumber, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes {
-        try change { () throws(FSError) in try fs.mkdir(parent: parent, name: name, mode: mode, caller: caller) }
+        try change(.inode(parent)) { () throws(FSError) in try fs.mkdir(parent: parent, name: name, mode: mode, caller: caller) }
     }
     public func symlink(parent: InodeNumber, name: [UInt8], target: [UInt8], caller: Caller) throws(FSError) -> Attributes {
-        try change { () throws(FSError) in try fs.symlink(parent: parent, name: name, target: target, caller: caller) }
+        try change(.inode(parent)) { () throws(FSError) in try fs.symlink(parent: parent, name: name, target: target, caller: caller) }
     }
     public func link(_ ino: InodeNumber, newParent: InodeNumber, newName: [UInt8]) throws(FSError) -> Attributes {
-        try change { () throws(FSError) in try fs.link(ino, newParent: newParent, newName: newName) }
+        try change(.container) { () throws(FSError) in try fs.link(ino, newParent: newParent, newName: newName) }
     }
     public func unlink(parent: InodeNumber, name: [UInt8]) throws(FSError) {
-        try change { () throws(FSError) in try fs.unlink(parent: parent, name: name) }
+        try change(.container) { () throws(FSError) in try fs.unlink(parent: parent, name: name) }
     }
     public func rmdir(parent: InodeNumber, name: [UInt8]) throws(FSError) {
-        try change { () throws(FSError) in try fs.rmdir(parent: parent, name: name) }
+        try change(.container) { () throws(FSError) in try fs.rmdir(parent: parent, name: name) }
     }
     public func rename(parent: InodeNumber, name: [UInt8], newParent: InodeNumber, newName: [UInt8], flags: RenameFlags) throws(FSError) {
-        try change { () throws(FSError) in try fs.rename(parent: parent, name: name, newParent: newParent, newName: newName, flags: flags) }
+        try change(.container) { () throws(FSError) in try fs.rename(parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
+        }
     }
 
     // MARK: Content
 
     /// Close-to-open: the server's state first (one round trip), then the file as it is now.
     public func open(_ ino: InodeNumber, flags: Int32, caller: Caller) throws(FSError) -> OpenResult {
-        try awaitGroupsElsewhere()
+        try awaitGroupsElsewhere(changing: ino)
         if flags & O_TRUNC != 0 && !isReadOnly {
-            return handed(try change { () throws(FSError) in try fs.open(ino, flags: flags, caller: caller) })
+            return handed(try change(.inode(ino)) { () throws(FSError) in try fs.open(ino, flags: flags, caller: caller) })
         }
         return handed(try fs.open(ino, flags: flags, caller: caller))
     }
@@ -158,7 +161,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     /// `touch` that lost such a race (a tester: 9 opens of 200).
     public func create(parent: InodeNumber, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, OpenResult) {
         do {
-            let (attributes, result) = try change { () throws(FSError) in
+            let (attributes, result) = try change(.inode(parent)) { () throws(FSError) in
                 try fs.create(parent: parent, name: name, mode: mode, flags: flags, caller: caller)
             }
             return (attributes, handed(result))
@@ -186,26 +189,26 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
         try rereading { () throws(FSError) in try fs.readChunks(ino, handle: .none, offset: offset, size: size) }
     }
     public func write(_ ino: InodeNumber, handle: HandleID, offset: UInt64, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
-        try change { () throws(FSError) in try fs.write(ino, handle: .none, offset: offset, data: data) }
+        try change(.inode(ino)) { () throws(FSError) in try fs.write(ino, handle: .none, offset: offset, data: data) }
     }
     /// Other machines append too: this kernel's idea of the size may be behind (a tester's `>>` from two
     /// machines in turn kept only one machine's lines), so O_APPEND writes go to the end this machine finds
     /// under the writer lock, which every other machine's commits are in.
     public var placesAppends: Bool { true }
     public func append(_ ino: InodeNumber, handle: HandleID, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
-        try change { () throws(FSError) in try fs.append(ino, handle: .none, data: data) }
+        try change(.inode(ino)) { () throws(FSError) in try fs.append(ino, handle: .none, data: data) }
     }
     public func release(_ ino: InodeNumber, handle: HandleID) { fs.release(ino, handle: .none) }
     /// Durable: a commit that waits for the server's disk, which covers every earlier commit too.
     public func fsync(_ ino: InodeNumber, handle: HandleID?, dataOnly: Bool) throws(FSError) {
         guard !isReadOnly else { return }
-        do { try change(durable: true) { () throws(FSError) in try fs.checkWriteError(ino) } } catch {
+        do { try change(.nothing, durable: true) { () throws(FSError) in try fs.checkWriteError(ino) } } catch {
             fs.heardLoss(ino)
             throw error
         }
     }
     public func fallocate(_ ino: InodeNumber, handle: HandleID, mode: Int32, offset: UInt64, length: UInt64) throws(FSError) {
-        try change { () throws(FSError) in try fs.fallocate(ino, handle: .none, mode: mode, offset: offset, length: length) }
+        try change(.inode(ino)) { () throws(FSError) in try fs.fallocate(ino, handle: .none, mode: mode, offset: offset, length: length) }
     }
     public func seek(_ ino: InodeNumber, offset: UInt64, whence: Int32) throws(FSError) -> UInt64 {
         try rereading { () throws(FSError) in try fs.seek(ino, offset: offset, whence: whence) }
@@ -215,7 +218,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
 
     /// Close-to-open for listings too: what another mount did before this opendir is listed.
     public func opendir(_ ino: InodeNumber, caller: Caller) throws(FSError) -> HandleID {
-        try awaitGroupsElsewhere()
+        try awaitGroupsElsewhere(changing: ino)
         return try fs.opendir(ino, caller: caller)
     }
     public func readdir(_ ino: InodeNumber, handle: HandleID, offset: Int64, limit: Int, plus: Bool) throws(FSError) -> [DirectoryEntry] {
@@ -231,12 +234,12 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     // MARK: Extended attributes
 
     public func setxattr(_ ino: InodeNumber, name: [UInt8], value: [UInt8], flags: Int32) throws(FSError) {
-        try change { () throws(FSError) in try fs.setxattr(ino, name: name, value: value, flags: flags) }
+        try change(.inode(ino)) { () throws(FSError) in try fs.setxattr(ino, name: name, value: value, flags: flags) }
     }
     public func getxattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError) -> [UInt8] { try fs.getxattr(ino, name: name) }
     public func listxattr(_ ino: InodeNumber) throws(FSError) -> [[UInt8]] { try fs.listxattr(ino) }
     public func removexattr(_ ino: InodeNumber, name: [UInt8]) throws(FSError) {
-        try change { () throws(FSError) in try fs.removexattr(ino, name: name) }
+        try change(.inode(ino)) { () throws(FSError) in try fs.removexattr(ino, name: name) }
     }
 
     // MARK: Locks
@@ -300,7 +303,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
         guard type != nil else { return false }
         // A lock just taken: what the last holder committed is read from the server, not from records
         // cached before (the listener's word on it may still be on its way), nor from the kernel's pages.
-        _ = try? fs.store.catchUp()
+        _ = try? fs.store.catchUp(of: key.ino)
         return fs.takeChangedElsewhere(key.ino)
     }
 

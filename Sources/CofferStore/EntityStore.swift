@@ -182,11 +182,13 @@ public final class EntityStore: @unchecked Sendable {
     /// cut that takes unsynced commits with it is not mistaken for a rollback.
     public func commit(durable: Bool = true) throws(StoreError) {
         guard !readOnly else { return }
-        let next = generation + 1
+        // Read when the state is sealed: an inode group's commit first adopts the generation the server holds.
+        var next = generation + 1
         var sealedNext = false
         let committed: Bool
         do {
             committed = try backend.commit(durable: durable) { () throws(StoreError) -> [UInt8] in
+                next = generation + 1
                 sealedNext = true
                 return try sealer.seal(
                     StoreStateTransformer(), StoreStateRecord(generation: next, containerId: keys.containerId),
@@ -247,6 +249,17 @@ public final class EntityStore: @unchecked Sendable {
         try backend.beginGroup()
     }
 
+    /// Makes the open group cover a change of `scope` (`CoherentBackend.beginGroup(_:)`); false: commit the
+    /// open group first, then ask again. True at once on other engines.
+    public func beginGroup(_ scope: GroupScope) throws(StoreError) -> Bool {
+        guard !readOnly, let backend = backend as? CoherentBackend else { return true }
+        return try backend.beginGroup(scope)
+    }
+
+    /// The open group holds inodes, not the container (`CoherentBackend.holdsInodeGroup`): writes of
+    /// other inodes wait for a group of their own.
+    public var holdsInodeGroup: Bool { (backend as? CoherentBackend)?.holdsInodeGroup ?? false }
+
     /// No other mount of the container held a lease when the last group began (always false on an
     /// engine without several mounts: a mount of its own never asks).
     public var isAlone: Bool { (backend as? CoherentBackend)?.isAlone ?? false }
@@ -268,8 +281,8 @@ public final class EntityStore: @unchecked Sendable {
     /// Looks at the state committed on the server now (one round trip) and reports, through
     /// `onForeignChange`, a change since this mount last looked. True when there was one.
     @discardableResult
-    public func catchUp() throws(StoreError) -> Bool {
-        guard let backend = backend as? CoherentBackend, let sealed = try backend.committedState() else { return false }
+    public func catchUp(of inode: UInt64? = nil) throws(StoreError) -> Bool {
+        guard let backend = backend as? CoherentBackend, let sealed = try backend.committedState(of: inode) else { return false }
         return try observe(sealed, atGroupBegin: false)
     }
 

@@ -13,11 +13,23 @@ public protocol CoherentBackend: StoreBackend {
     /// other mount's commits and no other mount commits until this group does. When another mount
     /// holds the lock, it is asked (a notification) to end its group, then waited for.
     func beginGroup() throws(StoreError)
+    /// Makes the open group (begun here if none is) cover a change of `scope`: decisions made after this
+    /// see every commit that touched what the scope names, and no other mount commits such a change
+    /// until this group does. False: the open group is a `GroupScope.inode` one that cannot take it
+    /// (the scope is the container, or another mount holds the inode); the caller commits it, then asks
+    /// again, and the new group waits for what it needs (a group never waits while it holds inodes).
+    func beginGroup(_ scope: GroupScope) throws(StoreError) -> Bool
+    /// The open group holds the writer lock shared and only the inodes it locked (`GroupScope.inode`):
+    /// other mounts commit beside it, and writes outside its inodes must wait for a group of their own.
+    var holdsInodeGroup: Bool { get }
     /// The sealed state as committed on the server once no other mount has a group open (close-to-
     /// open: what another mount closed may still be in its open group, which is asked to end, then
     /// waited for); one round trip when none is. Nil when a group of this mount is open (nobody
     /// else can have committed since it began), or when this mount is alone (`isSole`).
     func committedState() throws(StoreError) -> [UInt8]?
+    /// ... once no other mount has a group open that changes `inode` either (an open of it, a listing
+    /// or failed lookup in it): groups that changed other inodes only are not waited for.
+    func committedState(of inode: UInt64?) throws(StoreError) -> [UInt8]?
     /// No other mount held a lease when the open (or last) group began: this mount's groups may then
     /// stay open as long as a mount of its own keeps them (beside others they end sooner, so that
     /// listings elsewhere show the changes soon). A new mount first waits for every group open
@@ -47,4 +59,15 @@ public protocol CoherentBackend: StoreBackend {
     /// commits, and after a lost connection, when some may have gone unheard; then `changed` with the
     /// inodes those commits wrote, when they named them; `wanted` when one asks for the writer lock.
     func listen(heard: @escaping @Sendable () -> Void, changed: @escaping @Sendable ([UInt64]) -> Void, wanted: @escaping @Sendable () -> Void)
+}
+
+/// What a change decides on (docs/FORMAT.md, "Several mounts at once"): the group that runs it holds the
+/// container's writer lock exclusively (`container`: links, removals, renames, whatever else touches rows
+/// of several inodes) or shared, with a lock on each inode it changes (`inode`: a create or mkdir locks the
+/// parent, a write, setattr or xattr change the file; `nothing`: an fsync). Groups of different inodes
+/// run at the same time on different mounts; a container group waits for them all.
+public enum GroupScope: Sendable, Equatable {
+    case container
+    case inode(UInt64)
+    case nothing
 }

@@ -25,15 +25,22 @@ struct WriterTurnTests {
             let dir = try makeTempDir()
             made = try TestStore.create(.postgres, in: dir, name: SQLiteBackend.fileName)
             location = try #require(made.location)
+            self.sharedInterval = sharedInterval
+            let store = try Self.shared(made, location, machine: "turn-a", &leases)
+            fs = try CofferFileSystem(
+                store: store, chunkSize: 4096, options: Self.options(sharedInterval), statfsPath: dir, logger: Logger(label: "test"))
+            a = SharedMount(fs)
+        }
+        private let sharedInterval: Duration
+        private static func options(_ sharedInterval: Duration) -> CofferFileSystem.Options {
             var options = CofferFileSystem.Options()
             options.coherent = true
             options.commitInterval = .seconds(3600)
             options.sharedCommitInterval = sharedInterval
             options.writerSlice = .zero
             options.writerPause = .seconds(2)
-            let store = try Self.shared(made, location, machine: "turn-a", &leases)
-            fs = try CofferFileSystem(store: store, chunkSize: 4096, options: options, statfsPath: dir, logger: Logger(label: "test"))
-            a = SharedMount(fs)
+            options.removesOrphans = false
+            return options
         }
         /// A mount's store: its lease first, coherent, sharing with others.
         private static func shared(_ made: TestStore, _ location: PostgresLocation, machine: String, _ leases: inout [PostgresLease]) throws
@@ -53,9 +60,18 @@ struct WriterTurnTests {
             stores.append(b)
             return b
         }
+        /// B as a filesystem too, with A's options.
+        func mountBFileSystem() throws -> CofferFileSystem {
+            let fsB = try CofferFileSystem(
+                store: try mountB(), chunkSize: 4096, options: Self.options(sharedInterval), statfsPath: nil, logger: Logger(label: "test"))
+            filesystems.append(fsB)
+            return fsB
+        }
+        private var filesystems: [CofferFileSystem] = []
         /// A's filesystem first: a waiter of B's that never got the lock must not hold B's close up.
         func close() {
             fs.shutdown()
+            for f in filesystems { f.shutdown() }
             for s in stores { s.close() }
             for l in leases { l.release() }
         }
@@ -70,7 +86,8 @@ struct WriterTurnTests {
             let what = reader ? "a reader" : "a writer"
             try p.mkdir("\(what) 1")
             #expect(fs.store.hasPendingChanges, "\(what): a's group is open")
-            let waiter = BackgroundCall { if reader { try b.catchUp() } else { try b.beginGroup() } }
+            // An open in the directory A's group changes (a group of other inodes is not waited for).
+            let waiter = BackgroundCall { if reader { try b.catchUp(of: root) } else { try b.beginGroup() } }
             try #require(waitUntil(10, every: 0.01) { fs.store.othersWaiting }, "\(what): a heard the request")
             #expect(fs.store.readersWaiting == reader)
             // Busy: the next change ends, and the group with it only for a reader.
@@ -112,5 +129,40 @@ struct WriterTurnTests {
         try #require(waitUntil(10, every: 0.01) { waiter.done }, "the writer goes on")
         #expect(waiter.failure == nil)
         try b.commit(durable: false)
+    }
+
+    /// Names made in different directories: each mount's group holds its directory, not the container,
+    /// and neither waits for the other; a name made in the other's directory waits for its group.
+    @Test func mountsMakingNamesInDifferentDirectoriesGoOnAtOnce() throws {
+        let p = try Pair()
+        defer { p.close() }
+        let fs = p.fs, b = SharedMount(try p.mountBFileSystem())
+        try p.mkdir("x")
+        try p.mkdir("y")
+        try fs.commitGroup(durable: false)
+        let x = try p.a.lookup(parent: root, name: Array("x".utf8)).ino, y = try p.a.lookup(parent: root, name: Array("y".utf8)).ino
+        _ = try p.a.mkdir(parent: x, name: Array("a".utf8), mode: 0o755, caller: caller)
+        #expect(fs.store.holdsInodeGroup, "A's group holds x, not the container")
+        let beside = BackgroundCall {
+            let (made, _) = try b.create(parent: y, name: Array("b".utf8), mode: 0o644, flags: O_RDWR, caller: caller)
+            let data: [UInt8] = Array("from b".utf8)
+            _ = try data.withUnsafeBytes { try b.write(made.ino, handle: .none, offset: 0, data: $0) }
+            try b.fs.commitGroup(durable: false)
+        }
+        #expect(waitUntil(10, every: 0.01) { beside.done }, "B makes and writes a file in y while A's group is open")
+        #expect(beside.failure == nil)
+        #expect(fs.store.hasPendingChanges && !fs.store.othersWaiting, "A's group went on, and nobody asked for it")
+        let inX = BackgroundCall { _ = try b.mkdir(parent: x, name: Array("c".utf8), mode: 0o755, caller: caller) }
+        #expect(waitUntil(10, every: 0.01) { fs.store.othersWaiting }, "B asks for x")
+        usleep(200_000)
+        #expect(!inX.done, "B's name in x waits for A's group")
+        try fs.commitGroup(durable: false)
+        #expect(waitUntil(10, every: 0.01) { inX.done })
+        #expect(inX.failure == nil)
+        try b.fs.commitGroup(durable: false)
+        for (name, parent) in [("a", x), ("c", x), ("b", y)] {
+            #expect((try? p.a.lookup(parent: parent, name: Array(name.utf8))) != nil, "A sees \(name)")
+            #expect((try? b.lookup(parent: parent, name: Array(name.utf8))) != nil, "B sees \(name)")
+        }
     }
 }

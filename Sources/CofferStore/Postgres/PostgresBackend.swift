@@ -73,6 +73,10 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
         var inodes = Set<UInt64>()
         /// Something was written (a group begun only for its lock and state may end without a commit).
         var wrote = false
+        /// The group holds the writer lock shared and locks on `locked` (`GroupScope.inode`), not the
+        /// container: other mounts' inode groups commit beside it.
+        var inodeGroup = false
+        var locked = Set<UInt64>()
         /// Writes whose answer nothing waits for (`later`), sent in the round trip of the next statement
         /// on the writer or with the commit: a record put costs no round trip of its own.
         var queued: [PGStatement] = []
@@ -84,6 +88,8 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             dirtyFiles.removeAll()
             inodes.removeAll()
             wrote = false
+            inodeGroup = false
+            locked.removeAll()
             _ = takeQueued()
         }
         mutating func takeQueued() -> [PGStatement] {

@@ -136,6 +136,22 @@ struct PostgresSQL: Sendable {
     /// hex, so `?r` never starts a writer's ask; mounts of earlier versions take it for one.
     static let readerWantPrefix = "?r"
     var stateRow: String { "SELECT value FROM \(q).meta WHERE name = 'state'" }
+    /// The state row read at the commit of an inode group, locked until its COMMIT: commits beside each other
+    /// take turns on it, so each reads the generation the last one wrote and seals the next.
+    var stateRowForUpdate: String { "SELECT value FROM \(q).meta WHERE name = 'state' FOR UPDATE" }
+
+    // Inode groups (`GroupScope.inode`): the writer lock shared, and a lock on each inode the group changes,
+    // keyed by container and inode (`$1` the schema, `$2` the inode's id), in a space of their own.
+    private var inodeKey: String { "\(Self.inodeSpace), hashtext($1 || ':' || $2::text)" }
+    /// Tried by a group that holds other inodes already (it must never wait while it does).
+    var tryInodeLock: String { "SELECT pg_try_advisory_xact_lock(\(inodeKey))" }
+    /// Waited for `$3` at most by a new group, which holds nothing else but the writer lock shared.
+    var inodeLock: String { "SELECT set_config('lock_timeout', $3, true), pg_advisory_xact_lock(\(inodeKey))" }
+    /// Shared: an open, a listing or a failed lookup waits for a group that changes the inode (close-to-open).
+    var tryInodeLockShared: String { "SELECT pg_try_advisory_xact_lock_shared(\(inodeKey))" }
+    var inodeLockShared: String { "SELECT set_config('lock_timeout', $3, true), pg_advisory_xact_lock_shared(\(inodeKey))" }
+    /// The advisory lock space of inode locks ("COFI").
+    static let inodeSpace: Int32 = 0x434F_4649
     static let notify = "SELECT pg_notify($1, $2)"
 
     /// A commit's notification: the committing mount's holder id, then (when they fit well inside

@@ -67,28 +67,101 @@ extension PostgresBackend {
     }
 
     public func beginGroup() throws(StoreError) {
-        guard !readOnly else { throw .readOnly }
-        try onWriter { () throws(StoreError) in if pending.withLock({ $0.since == nil }) { try begin() } }
+        guard try beginGroup(.container) else { throw .database("a group of inodes is open where the container's is needed") }
     }
 
-    public func committedState() throws(StoreError) -> [UInt8]? {
+    public func beginGroup(_ scope: GroupScope) throws(StoreError) -> Bool {
+        guard !readOnly else { throw .readOnly }
+        return try onWriter { () throws(StoreError) -> Bool in
+            let (open, inodeGroup, locked) = pending.withLock { ($0.since != nil, $0.inodeGroup, $0.locked) }
+            // Alone, nobody commits beside this mount: its groups take the container, which costs no lock per inode.
+            guard open else {
+                try begin(coherent && !isAlone ? scope : .container)
+                return true
+            }
+            guard inodeGroup else { return true }  // the container's group covers every change
+            switch scope {
+            case .container: return false
+            case .nothing: return true
+            case .inode(let id): return locked.contains(id) ? true : try lockInGroup(id)
+            }
+        }
+    }
+
+    public var holdsInodeGroup: Bool { pending.withLock { $0.since != nil && $0.inodeGroup } }
+
+    /// One more inode for the open inode group: only tried (a group never waits while it holds inodes),
+    /// in one round trip with the state, read after the lock was granted. Another mount's commit since
+    /// this mount last looked may have changed what this one cached of the inode: `onGroupBegin` hears
+    /// the new generation, and the layers above read again before they decide.
+    private func lockInGroup(_ id: UInt64) throws(StoreError) -> Bool {
+        let (got, state) = try inTransaction { () throws -> (Bool, [UInt8]?) in
+            try withQueued { c in
+                let r = try c.pipeline([
+                    PGStatement(sql.tryInodeLock, [.text(sql.schema), Self.id(id)], prepared: true), PGStatement(sql.stateRow, prepared: true)
+                ])
+                guard r.count == 2 else { throw PGError(.unexpectedResult, "a pipeline of 2 answered \(r.count)") }
+                return (try r[0].bool(0, 0) ?? false, try r[1].bytes(0, 0))
+            }
+        }
+        guard got else { return false }
+        pending.withLock { _ = $0.locked.insert(id) }
+        do throws(StoreError) { try onGroupBegin?(state, false) } catch {
+            droppedTransaction(error)
+            throw error
+        }
+        return true
+    }
+
+    public func committedState() throws(StoreError) -> [UInt8]? { try committedState(of: nil) }
+
+    public func committedState(of inode: UInt64?) throws(StoreError) -> [UInt8]? {
         // Alone: nobody else can have committed (a mount that joins waits until this is false).
         if isSole { return nil }
-        return try onWriter { () throws(StoreError) -> [UInt8]? in
-            if pending.withLock({ $0.since != nil }) { return nil }
-            // Each pipeline is one implicit transaction: the lock holds until its end, and the state is
-            // read in a snapshot taken after the lock was granted.
-            let lock = [PGValue.text(sql.schema)]
-            return try idle { c in
-                let r = try c.pipeline([PGStatement(sql.tryWriterLockShared, lock, prepared: true), PGStatement(sql.stateRow, prepared: true)])
-                if r.count == 2, try r[0].bool(0, 0) == true { return try r[1].bytes(0, 0) }
-                return try waitingForTheWriterLock(c, reader: true) {
-                    let w = try c.pipeline([
-                        PGStatement(sql.writerLockShared, lock + [.text(lockTimeout)], prepared: true), PGStatement(sql.stateRow, prepared: true)
-                    ])
-                    return w.count == 2 ? try w[1].bytes(0, 0) : nil
-                }
+        enum Look {
+            case seen
+            case read([UInt8]?)
+            case besideOwnGroup
+        }
+        let look = try onWriter { () throws(StoreError) -> Look in
+            let (open, inodeGroup, locked) = pending.withLock { ($0.since != nil, $0.inodeGroup, $0.locked) }
+            // The container's group sees every commit since it began, an inode group those of its inodes.
+            if open && (!inodeGroup || inode.map(locked.contains) == true) { return .seen }
+            if open { return .besideOwnGroup }
+            return .read(try idle { c in try awaitedState(c, of: inode, writerLock: true) })
+        }
+        switch look {
+        case .seen: return nil
+        case .read(let state): return state
+        case .besideOwnGroup:
+            // This mount's inode group holds the writer lock shared, on the writer: the wait for the inode's
+            // goes on a connection of the pool, so that the group can still commit meanwhile.
+            do { return try readerPool().withConnection { c in try awaitedState(c, of: inode, writerLock: false) } } catch {
+                throw StoreError.postgres(error)
             }
+        }
+    }
+
+    /// The committed state once no other mount holds the writer lock exclusively (`writerLock`) or `inode`'s
+    /// lock: both taken shared and tried first, with the state in the same round trip, then waited for.
+    /// Each pipeline is one implicit transaction: the locks hold until its end, and the state is read in a
+    /// snapshot taken after they were granted.
+    private func awaitedState(_ c: PGConnection, of inode: UInt64?, writerLock: Bool) throws -> [UInt8]? {
+        let schema = PGValue.text(sql.schema), timeout = PGValue.text(lockTimeout)
+        var tries: [PGStatement] = [], waits: [PGStatement] = []
+        if writerLock {
+            tries.append(PGStatement(sql.tryWriterLockShared, [schema], prepared: true))
+            waits.append(PGStatement(sql.writerLockShared, [schema, timeout], prepared: true))
+        }
+        if let inode {
+            tries.append(PGStatement(sql.tryInodeLockShared, [schema, Self.id(inode)], prepared: true))
+            waits.append(PGStatement(sql.inodeLockShared, [schema, Self.id(inode), timeout], prepared: true))
+        }
+        let r = try c.pipeline(tries + [PGStatement(sql.stateRow, prepared: true)])
+        if r.count == tries.count + 1, try tries.indices.allSatisfy({ try r[$0].bool(0, 0) == true }) { return try r[tries.count].bytes(0, 0) }
+        return try waitingForTheWriterLock(c, reader: true) {
+            let w = try c.pipeline(waits + [PGStatement(sql.stateRow, prepared: true)])
+            return w.count == waits.count + 1 ? try w[waits.count].bytes(0, 0) : nil
         }
     }
 
@@ -131,7 +204,7 @@ extension PostgresBackend {
     /// again after a reconnect. With several mounts: the writer lock, the sealed state and the number of
     /// live mounts in the same round trip, then `onGroupBegin`; a group it refuses is rolled back before
     /// anything is written.
-    private func begin() throws(StoreError) {
+    private func begin(_ scope: GroupScope = .container) throws(StoreError) {
         guard coherent else {
             _ = try idle { try $0.execute("BEGIN") }
             pending.withLock { $0.since = .now }
@@ -147,21 +220,41 @@ extension PostgresBackend {
                     named = true
                 }
                 // Held elsewhere (or waited for): roll back, ask its holder to end its group, then wait.
+                // The container's group takes the writer lock; an inode group takes it shared, and its inode.
                 func group(trying: Bool) throws -> (got: Bool, state: [UInt8]?, mounts: Int64) {
-                    let lock =
-                        trying
-                        ? PGStatement(sql.tryWriterLock, [.text(sql.schema)], prepared: true)
-                        : PGStatement(sql.writerLock, [.text(sql.schema), .text(lockTimeout)], prepared: true)
+                    let schema = PGValue.text(sql.schema), timeout = PGValue.text(lockTimeout)
+                    var locks: [PGStatement]
+                    if scope == .container {
+                        locks = [
+                            trying
+                                ? PGStatement(sql.tryWriterLock, [schema], prepared: true)
+                                : PGStatement(sql.writerLock, [schema, timeout], prepared: true)
+                        ]
+                    } else {
+                        locks = [
+                            trying
+                                ? PGStatement(sql.tryWriterLockShared, [schema], prepared: true)
+                                : PGStatement(sql.writerLockShared, [schema, timeout], prepared: true)
+                        ]
+                        if case .inode(let id) = scope {
+                            locks.append(
+                                trying
+                                    ? PGStatement(sql.tryInodeLock, [schema, Self.id(id)], prepared: true)
+                                    : PGStatement(sql.inodeLock, [schema, Self.id(id), timeout], prepared: true))
+                        }
+                    }
                     // Once waited for, the lock's timeout goes back to the one the session started with
                     // (the writer never sets its own) for the rest of the group.
                     let reset = trying ? [] : [PGStatement("SET LOCAL lock_timeout TO DEFAULT")]
                     let r = try c.pipeline(
-                        [PGStatement("BEGIN"), lock] + reset + [
+                        [PGStatement("BEGIN")] + locks + reset + [
                             PGStatement(sql.stateRow, prepared: true), PGStatement(sql.liveMounts, prepared: true)
                         ])
-                    guard r.count == 4 + reset.count else { return (true, nil, 0) }
-                    let state = try r[2 + reset.count].bytes(0, 0), mounts = try r[3 + reset.count].int64(0, 0) ?? 0
-                    return (trying ? try r[1].bool(0, 0) ?? false : true, state, mounts)
+                    let at = 1 + locks.count + reset.count
+                    guard r.count == at + 2 else { return (true, nil, 0) }
+                    let state = try r[at].bytes(0, 0), mounts = try r[at + 1].int64(0, 0) ?? 0
+                    let got = trying ? try (1...locks.count).allSatisfy { try r[$0].bool(0, 0) == true } : true
+                    return (got, state, mounts)
                 }
                 let tried = try group(trying: true)
                 if tried.got { return (tried.state, tried.mounts) }
@@ -179,7 +272,11 @@ extension PostgresBackend {
         }
         // Alone: this mount's lease is the only live one (a store without a lease never is).
         alone.store(fenceHolder != nil && mounts <= 1, ordering: .releasing)
-        pending.withLock { $0.since = .now }
+        pending.withLock { p in
+            p.since = .now
+            p.inodeGroup = scope != .container
+            if case .inode(let id) = scope { p.locked = [id] }
+        }
         let reconnectedSince = reconnected.exchange(false, ordering: .acquiringAndReleasing)
         do { try onGroupBegin?(state, reconnectedSince) } catch {
             if reconnectedSince { reconnected.store(true, ordering: .releasing) }  // still to be reported
@@ -210,6 +307,15 @@ extension PostgresBackend {
                 _ = try inTransaction { try writer.execute("ROLLBACK") }
                 pending.withLock { $0.clear() }
                 return false
+            }
+            // Inode groups commit beside each other: each reads the generation the last commit wrote (the row
+            // stays locked until this COMMIT) and seals the next, so generations still grow by one.
+            if pending.withLock({ $0.inodeGroup }) {
+                let current = try inTransaction { try withQueued { c in try c.execute(sql.stateRowForUpdate, prepared: true).bytes(0, 0) } }
+                do throws(StoreError) { try onGroupBegin?(current, false) } catch {
+                    droppedTransaction(error)
+                    throw error
+                }
             }
             let sealed = try state()
             let (queued, changed) = pending.withLock { ($0.takeQueued(), $0.inodes) }
