@@ -42,7 +42,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
         public var writerPause: Duration = .milliseconds(2)
         /// One of several mounts of a shared container (PostgreSQL): records are read again once the
         /// store changed under this mount (`storeEpoch`), and `SharedMount` runs each change inside
-        /// the group transaction that holds the container's writer lock. Set with
+        /// a group transaction that holds what it decides on (its inode, or the container). Set with
         /// `store.shareWithOtherMounts` done before.
         public var coherent = false
         /// Remove what a crashed session left unlinked but open (false while other mounts may hold such files).
@@ -623,10 +623,14 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     /// `scope`: what the change decides on. A group of inodes that cannot take it (another mount holds
     /// the inode, or the change needs the container) is committed first, and the next one waits for what
     /// the change needs. A removed file whose record and orphan row wait in memory (`dying`) is no
-    /// change's inode: while there is one, groups take the container.
+    /// change's inode: while there is one, groups take the container (the records' writes are refused
+    /// outside the inodes a group holds: `EntityStore.covered`).
     func beginGroup(_ scope: GroupScope = .container) throws(FSError) {
         var opening = !store.hasPendingChanges
-        let wanted = meta.withLock { dying.values.contains { $0.dirty } } ? .container : scope
+        // Between groups nothing is dirty but what a dropped group left (its files, marked to report the loss):
+        // no change's inode, so the next group takes the container to write them.
+        let leftovers = meta.withLock { dying.values.contains { $0.dirty } || (opening && inodes.values.contains { $0.dirty }) }
+        let wanted = leftovers ? .container : scope
         while true {
             let ready: Bool
             do { ready = try store.beginGroup(wanted) } catch { throw fsError(error) }

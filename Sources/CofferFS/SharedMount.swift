@@ -6,9 +6,12 @@ import Logging
 /// "Several mounts at once"). It wraps a `CofferFileSystem` opened `coherent` and adds what sharing
 /// needs, so that a mount alone on its disk keeps every shortcut of the single-mount design:
 ///
-/// - Every change (a namespace operation, a write, setattr, xattrs, fallocate) runs inside the group
-///   transaction that holds the container's writer lock, so it is decided on the committed state of
-///   every mount (two creates of one name: one EEXIST; rmdir of a directory just filled: ENOTEMPTY).
+/// - Every change (a namespace operation, a write, setattr, xattrs, fallocate) runs inside a group
+///   transaction that holds what it decides on: the inode it changes or makes a name in (a group of
+///   inodes, beside other mounts' groups of other inodes), or the container's writer lock (links,
+///   removals, renames). So it is decided on the committed state of every mount (two creates of one
+///   name: one EEXIST; rmdir of a directory just filled: ENOTEMPTY), and mounts busy in different
+///   directories do not wait for each other.
 ///   The group spans changes, as on a mount of its own, and ends (commits, not durably: fsync does)
 ///   after `sharedCommitInterval` (a second when no other mount is there), or sooner when another
 ///   mount asks for the lock, once this one had its `writerSlice`: at once for an open or lookup
@@ -16,7 +19,8 @@ import Logging
 ///   and busy mounts take turns of `sharedCommitInterval`.
 /// - Records read before another mount's commit are read again before use (`CofferFileSystem.state`).
 /// - Close-to-open: every OPEN (and OPENDIR, and a lookup that finds nothing) first waits for a
-///   group open on another mount, which is asked to end (`EntityStore.catchUp`), and reads the
+///   group open on another mount that changes that inode (the directory, for the last two), which is
+///   asked to end (`EntityStore.catchUp(of:)`), and reads the
 ///   server's state; a file changed elsewhere since the kernel last saw it is opened with the
 ///   kernel's pages and attributes dropped.
 /// - A read whose chunks changed under it (a commit between the map and the rows) reads again.

@@ -278,7 +278,8 @@ public final class EntityStore: @unchecked Sendable {
     /// (`CoherentBackend.rejoin`), since a mount alone may meanwhile have started trusting that it is.
     public func rejoin() { (backend as? CoherentBackend)?.rejoin() }
 
-    /// Looks at the state committed on the server now (one round trip) and reports, through
+    /// Looks at the state committed on the server now (one round trip), once no group elsewhere changes
+    /// `inode` (nil: once no group of the container is open elsewhere), and reports, through
     /// `onForeignChange`, a change since this mount last looked. True when there was one.
     @discardableResult
     public func catchUp(of inode: UInt64? = nil) throws(StoreError) -> Bool {
@@ -373,17 +374,31 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     public func putInode(_ id: UInt64, _ record: InodeRecord) throws(StoreError) {
+        try covered(id)
         try backend.putInode(id, sealed: try sealer.seal(InodeTransformer(), record, id: id.bigEndianBytes, cipher: keys.metadata))
     }
 
-    public func deleteInode(_ id: UInt64) throws(StoreError) { try backend.deleteInode(id) }
+    public func deleteInode(_ id: UInt64) throws(StoreError) {
+        try covered(id)
+        try backend.deleteInode(id)
+    }
+
+    /// Refuses a write of `inode`'s rows that the open group does not hold (`CoherentBackend.covers`).
+    private func covered(_ inode: UInt64) throws(StoreError) {
+        guard let backend = backend as? CoherentBackend, !backend.covers(inode) else { return }
+        throw .database("inode \(inode) is written in a group that does not hold it")
+    }
 
     /// A fresh random inode number (63 bits, never 0 or 1) not in use. Numbers are checked free in
     /// batches of `freeIdBatch` in one store call and handed out one by one: a create on a remote
     /// engine costs no round trip of its own for its number.
     public func newInodeId() throws(StoreError) -> UInt64 {
         for _ in 0..<16 {
-            if let id = freeIds.withLock({ $0.popLast() }) { return id }
+            if let id = freeIds.withLock({ $0.popLast() }) {
+                // Made in the open group: it holds the new inode without a lock (nobody else knows it yet).
+                (backend as? CoherentBackend)?.madeInGroup(id)
+                return id
+            }
             var candidates: [UInt64] = []
             for _ in 0..<Self.freeIdBatch {
                 guard let r = try? Random.uint64() else { throw .randomFailed }
@@ -440,6 +455,7 @@ public final class EntityStore: @unchecked Sendable {
     private let entryChangeCount = Atomic<UInt64>(0)
 
     private func insertEntry(parent: UInt64, _ record: DirectoryEntryRecord, replace: Bool) throws(StoreError) -> Bool {
+        try covered(parent)
         entryChangeCount.add(1, ordering: .acquiringAndReleasing)
         let ptag = parentTag(parent), tag = nameTag(parent, record.name)
         let sealed = try sealer.seal(DirectoryEntryTransformer(), record, id: ptag + tag, cipher: keys.metadata)
@@ -447,6 +463,7 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     public func deleteEntry(parent: UInt64, name: [UInt8]) throws(StoreError) {
+        try covered(parent)
         entryChangeCount.add(1, ordering: .acquiringAndReleasing)
         try backend.deleteEntry(parentTag: parentTag(parent), tag: nameTag(parent, name))
     }
@@ -594,6 +611,7 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     public func putXattr(_ ino: UInt64, name: [UInt8], value: [UInt8]) throws(StoreError) {
+        try covered(ino)
         let tag = xattrTag(ino, name)
         let sealed = try sealer.seal(
             ExtendedAttributeTransformer(), ExtendedAttributeRecord(name: name, value: value),
@@ -603,7 +621,8 @@ public final class EntityStore: @unchecked Sendable {
 
     @discardableResult
     public func deleteXattr(_ ino: UInt64, name: [UInt8]) throws(StoreError) -> Bool {
-        try backend.deleteXattr(inode: ino, tag: xattrTag(ino, name))
+        try covered(ino)
+        return try backend.deleteXattr(inode: ino, tag: xattrTag(ino, name))
     }
 
     public func xattrs(_ ino: UInt64) throws(StoreError) -> [ExtendedAttributeRecord] {
@@ -615,7 +634,10 @@ public final class EntityStore: @unchecked Sendable {
     /// How many xattrs an inode has, none of them opened.
     public func xattrCount(_ ino: UInt64) throws(StoreError) -> Int { try backend.xattrs(inode: ino).count }
 
-    public func deleteXattrs(_ ino: UInt64) throws(StoreError) { try backend.deleteXattrs(inode: ino) }
+    public func deleteXattrs(_ ino: UInt64) throws(StoreError) {
+        try covered(ino)
+        try backend.deleteXattrs(inode: ino)
+    }
 
     func openXattr(_ row: XattrRow) throws(StoreError) -> ExtendedAttributeRecord {
         try sealer.open(
@@ -625,8 +647,14 @@ public final class EntityStore: @unchecked Sendable {
 
     // MARK: Orphans (unlinked while the kernel held them: removed at the forget, or at the next mount after a crash)
 
-    public func addOrphan(_ id: UInt64) throws(StoreError) { try backend.addOrphan(id) }
-    public func removeOrphan(_ id: UInt64) throws(StoreError) { try backend.removeOrphan(id) }
+    public func addOrphan(_ id: UInt64) throws(StoreError) {
+        try covered(id)
+        try backend.addOrphan(id)
+    }
+    public func removeOrphan(_ id: UInt64) throws(StoreError) {
+        try covered(id)
+        try backend.removeOrphan(id)
+    }
     public func orphans() throws(StoreError) -> [UInt64] { try backend.orphans() }
 
     // MARK: Information

@@ -1,13 +1,15 @@
 /// An engine whose store several mounts write at once (PostgreSQL; docs/FORMAT.md, "Several mounts
-/// at once"). Every group transaction begins with the container's writer lock and the sealed state
-/// read under it, so groups of all mounts run one after the other and each commit's generation is
-/// one more than the last; every commit is announced to the other mounts.
+/// at once"). Every group transaction begins with the container's writer lock (exclusive, or shared
+/// with the locks of the inodes it changes: `GroupScope`) and the sealed state read under it, so groups
+/// that touch the same inodes run one after the other, and each commit's generation is one more than
+/// the last; every commit is announced to the other mounts.
 public protocol CoherentBackend: StoreBackend {
     /// Called at the start of every group transaction with the sealed state read under the writer
     /// lock (nil when the row is missing), and whether the engine reconnected to the server since the
     /// last group began: the server may then have crashed and lost this mount's commits that were not
     /// durable yet, even where other mounts' commits have since carried the generation past them.
-    /// A throw ends the group before anything is written.
+    /// A throw ends the group before anything is written. A group of inodes calls it again with the state
+    /// read under each further inode lock, and at its commit (other mounts commit beside it).
     var onGroupBegin: ((_ sealedState: [UInt8]?, _ reconnected: Bool) throws(StoreError) -> Void)? { get set }
     /// Begins the group transaction now, if none is open: decisions made after this see every
     /// other mount's commits and no other mount commits until this group does. When another mount
@@ -22,6 +24,12 @@ public protocol CoherentBackend: StoreBackend {
     /// The open group holds the writer lock shared and only the inodes it locked (`GroupScope.inode`):
     /// other mounts commit beside it, and writes outside its inodes must wait for a group of their own.
     var holdsInodeGroup: Bool { get }
+    /// Whether the open group may write rows of `inode`: any group of the container's, an inode group
+    /// those of the inodes it locked or made (`madeInGroup`). A write outside them is refused (a lost
+    /// update of another mount's change waiting to happen).
+    func covers(_ inode: UInt64) -> Bool
+    /// A new inode's id, taken in the open group: nobody else knows it before the commit, so it needs no lock.
+    func madeInGroup(_ inode: UInt64)
     /// The sealed state as committed on the server once no other mount has a group open (close-to-
     /// open: what another mount closed may still be in its open group, which is asked to end, then
     /// waited for); one round trip when none is. Nil when a group of this mount is open (nobody

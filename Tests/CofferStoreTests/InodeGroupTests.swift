@@ -103,6 +103,11 @@ struct InodeGroupTests {
         #expect(try t.b.beginGroup(.inode(20)) && t.b.beginGroup(.nothing), "what B holds, and nothing")
         #expect(try t.b.beginGroup(.inode(30)), "a free inode is taken into the open group")
         try t.b.putInode(30, sampleInode(size: 30))
+        // Rows of an inode the group does not hold are refused before they are sent; a new inode is the group's.
+        #expect(throws: StoreError.self) { try t.b.putInode(10, sampleInode(size: 1)) }
+        #expect(throws: StoreError.self) { try t.b.addEntry(parent: 40, DirectoryEntryRecord(name: Array("n".utf8), ino: 30, type: 0o100000)) }
+        let made = try t.b.newInodeId()
+        try t.b.putInode(made, sampleInode(size: 1))
         try t.b.commit(durable: false)
         try t.a.commit(durable: false)
     }

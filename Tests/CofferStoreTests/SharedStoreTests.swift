@@ -189,6 +189,32 @@ struct SharedStoreTests {
         #expect(try b.inode(90)?.size == 90)
     }
 
+    /// The same for a machine stopped in a group of inodes (the writer lock shared, an inode's lock): a mount
+    /// waiting for that inode ends it once its lease lapsed.
+    @Test func aStoppedGroupOfInodesIsEndedOnceItsLeaseLapsed() throws {
+        let m = try StoppedMachine("stop-inode")
+        defer { m.close() }
+        let container = m.location.container
+        try m.stuck.executeScript(
+            "BEGIN; SELECT pg_advisory_xact_lock_shared(\(PostgresSQL.lockSpace), hashtext('\(container)')); "
+                + "SELECT pg_advisory_xact_lock(\(PostgresSQL.inodeSpace), hashtext('\(container):7'))")
+        let b = try mountLike(m.made, holder: m.lease.me.holder)
+        defer { b.close() }
+        try #require(b.backend as? PostgresBackend).lockSlice = 0.2
+        let waiter = BackgroundCall { _ = try b.beginGroup(.inode(7)) }
+        usleep(1_000_000)
+        #expect(!waiter.done, "a holder of the inode whose lease is live is waited for")
+        try m.lapse()
+        let ended = waitUntil(10, every: 0.05) { waiter.done }
+        if !ended { m.stuck.close() }  // lets the waiter go, so the test ends
+        #expect(ended, "the waiter ended the session of the lapsed lease")
+        _ = waitUntil(10) { waiter.done }
+        #expect(waiter.failure == nil)
+        try b.putInode(7, sampleInode(size: 7))
+        try b.commit(durable: true)
+        #expect(try b.inode(7)?.size == 7)
+    }
+
     /// A mount alone that was stopped (its listener's session, named after its lease, holds the sole lock
     /// and sends nothing) with its lease lapsed: a mount that joins ends that session and joins, instead of
     /// failing for as long as the stopped one stays stopped (a tester's find).

@@ -90,6 +90,12 @@ extension PostgresBackend {
 
     public var holdsInodeGroup: Bool { pending.withLock { $0.since != nil && $0.inodeGroup } }
 
+    public func covers(_ inode: UInt64) -> Bool { pending.withLock { !$0.inodeGroup || $0.locked.contains(inode) } }
+
+    public func madeInGroup(_ inode: UInt64) {
+        pending.withLock { p in if p.inodeGroup { p.locked.insert(inode) } }
+    }
+
     /// One more inode for the open inode group: only tried (a group never waits while it holds inodes),
     /// in one round trip with the state, read after the lock was granted. Another mount's commit since
     /// this mount last looked may have changed what this one cached of the inode: `onGroupBegin` hears
