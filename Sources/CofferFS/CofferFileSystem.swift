@@ -617,7 +617,7 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
 
     // MARK: Several mounts (SharedMount)
 
-    /// Begins this mount's group transaction with the container's writer lock: what follows is decided
+    /// Begins this mount's group transaction with what the change decides on locked: what follows is decided
     /// on what every mount committed. A rollback met here is EIO (logged).
     ///
     /// `scope`: what the change decides on. A group of inodes that cannot take it (another mount holds

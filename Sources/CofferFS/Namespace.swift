@@ -35,9 +35,10 @@ extension CofferFileSystem {
                 return false
             }
             // Removing an unlinked file is several statements: one visit to the writer. Not into an open group
-            // of inodes, which does not hold this one: the reaper deletes it in a group of its own.
+            // of inodes, which does not hold this one (its writes would be refused): the reaper deletes it in
+            // a group of the container, or the unmount does; past `maxDying` too, rather than not at all.
             _ = try? store.batch {
-                if s.record.nlink == 0 && !s.deleted && reapsWhenQuiet && store.holdsInodeGroup {
+                if s.record.nlink == 0 && !s.deleted && store.holdsInodeGroup {
                     s.tail = nil
                     s.wipeCipher()
                     inodes[ino] = nil

@@ -55,7 +55,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     /// OPEN must reach us (close-to-open), and the kernel must not keep listings (opendir answered).
     public var opensWithoutHandles: Bool { false }
 
-    /// Runs one change inside the group that holds the writer lock (see above), one change at a time
+    /// Runs one change inside a group that holds what it decides on (see above), one change at a time
     /// on this mount; `durable` (fsync) commits and waits for the server's disk.
     /// `scope`: what the change decides on and writes (`GroupScope`): its inode, or the parent a name is
     /// made in; the container for changes whose decisions span several inodes.
@@ -197,7 +197,7 @@ public final class SharedMount: FileSystemOperations, @unchecked Sendable {
     }
     /// Other machines append too: this kernel's idea of the size may be behind (a tester's `>>` from two
     /// machines in turn kept only one machine's lines), so O_APPEND writes go to the end this machine finds
-    /// under the writer lock, which every other machine's commits are in.
+    /// under the file's lock, which every other machine's commits of it are in.
     public var placesAppends: Bool { true }
     public func append(_ ino: InodeNumber, handle: HandleID, data: UnsafeRawBufferPointer) throws(FSError) -> Int {
         try change(.inode(ino)) { () throws(FSError) in try fs.append(ino, handle: .none, data: data) }

@@ -49,6 +49,10 @@ public final class EntityStore: @unchecked Sendable {
     private let durableFloor = Mutex<UInt64>(0)
     /// A generation sealed into a COMMIT whose answer was lost: the server may or may not have it.
     private let uncertainGeneration = Mutex<UInt64>(0)
+    /// The last generation this mount committed (or sealed for a COMMIT whose answer was lost): a state
+    /// below it at a group begin means the server lost commits of this mount's (`observe`). Not the
+    /// newest generation seen: looks beside a group of inodes raise that in any order.
+    private let ownGeneration = Mutex<UInt64>(0)
     /// Called when the store changed under this mount (another mount committed, or the server lost
     /// commits that were not yet durable): what the layers above cached must be read again. Set
     /// while the listener may already call it: behind a lock.
@@ -199,12 +203,14 @@ public final class EntityStore: @unchecked Sendable {
             // seal this generation over another state. Generations must grow, not be contiguous.
             if sealedNext {
                 committedGeneration.withLock { $0 = max($0, next) }
+                ownGeneration.withLock { $0 = max($0, next) }
                 uncertainGeneration.withLock { $0 = next }
             }
             throw error
         }
         if committed {
             committedGeneration.withLock { $0 = next }
+            ownGeneration.withLock { $0 = next }
             landedGeneration.withLock { $0 = next }
         }
         if durable {
@@ -224,6 +230,10 @@ public final class EntityStore: @unchecked Sendable {
         guard let backend = backend as? CoherentBackend else { return }
         backend.onGroupBegin = { [weak self] sealed, reconnected throws(StoreError) in
             try self?.observe(sealed, reconnected: reconnected)
+        }
+        // Beside other mounts' commits: the generation only grows (a look, as `catchUp`'s).
+        backend.onStateInGroup = { [weak self] sealed throws(StoreError) in
+            try self?.observe(sealed, atGroupBegin: false)
         }
         backend.listen(
             heard: { [weak self] in self?.onForeignChange?() }, changed: { [weak self] in self?.onForeignInodes?($0) },
@@ -283,25 +293,31 @@ public final class EntityStore: @unchecked Sendable {
     /// `onForeignChange`, a change since this mount last looked. True when there was one.
     @discardableResult
     public func catchUp(of inode: UInt64? = nil) throws(StoreError) -> Bool {
+        // The floor as it was before the look: a commit of this mount's own may raise it while the look
+        // is on its way (beside a group of inodes it runs on another connection), and is no rollback.
+        let floor = durableFloor.withLock { $0 }
         guard let backend = backend as? CoherentBackend, let sealed = try backend.committedState(of: inode) else { return false }
-        return try observe(sealed, atGroupBegin: false)
+        return try observe(sealed, atGroupBegin: false, floor: floor)
     }
 
     /// Opens a state row the server served and adopts its generation (the next commit writes one more).
     /// Below the durable floor: a rollback, refused. Another generation than this mount's own: the store
     /// changed under it (`onForeignChange`). Only a state read at a group begin, under the writer lock,
-    /// can lower the generation: below this mount's last commit, the server lost commits that were not
-    /// durable yet (`onLostCommits`), unless it is the one below a COMMIT whose answer was lost (that
-    /// commit did not land). With `reconnected` (the engine reconnected since the last group), those
-    /// commits are reported as possibly lost whatever the generation: others may have committed past
-    /// them. A look taken outside the lock (`catchUp`) may be older than one taken since, and only
+    /// can lower the generation: below this mount's last commit (`ownGeneration`), the server lost commits
+    /// that were not durable yet (`onLostCommits`), unless it is the one below a COMMIT whose answer was
+    /// lost (that commit did not land). With `reconnected` (the engine reconnected since the last group),
+    /// those commits are reported as possibly lost whatever the generation: others may have committed past
+    /// them. A look taken outside the lock (`catchUp`; `floor`: the durable floor before it was taken), or
+    /// inside a group of inodes, beside other mounts' commits, may be older than one taken since, and only
     /// raises it.
     @discardableResult
-    func observe(_ sealed: [UInt8]?, atGroupBegin: Bool = true, reconnected: Bool = false) throws(StoreError) -> Bool {
+    func observe(_ sealed: [UInt8]?, atGroupBegin: Bool = true, reconnected: Bool = false, floor seenFloor: UInt64? = nil) throws(StoreError)
+        -> Bool
+    {
         guard let sealed else { throw .notAStore("no store state") }
         let record = try sealer.open(StoreStateTransformer(), sealed, id: Self.stateId, cipher: keys.metadata, describe: "store state")
         guard constantTimeEqual(record.containerId, keys.containerId) else { throw .wrongContainer }
-        let floor = durableFloor.withLock { $0 }
+        let floor = seenFloor ?? durableFloor.withLock { $0 }
         guard record.generation >= floor else { throw .rolledBack(seen: floor, served: record.generation) }
         var uncertain: UInt64 = 0
         if atGroupBegin {
@@ -310,12 +326,13 @@ public final class EntityStore: @unchecked Sendable {
                 return u
             }
         }
+        let own = ownGeneration.withLock { $0 }
         let (changed, lost) = committedGeneration.withLock { g -> (Bool, Bool) in
             guard atGroupBegin || record.generation > g else { return (false, false) }
             // After a reconnect the generation alone cannot tell: other mounts may have committed past
             // commits of this one that a crash lost. Those that were durable are not reported (the
             // layers above mark only what changed since the last durable commit).
-            let lost = reconnected || (record.generation < g && !(uncertain == g && record.generation == g - 1))
+            let lost = reconnected || (record.generation < own && !(uncertain == own && record.generation == own - 1))
             defer { g = record.generation }
             return (record.generation != g, lost)
         }
@@ -384,9 +401,13 @@ public final class EntityStore: @unchecked Sendable {
     }
 
     /// Refuses a write of `inode`'s rows that the open group does not hold (`CoherentBackend.covers`).
+    /// The group is dropped with it (reported as any lost group is): a refusal left in it would fail every
+    /// later commit of the group, and hold what it locked meanwhile.
     private func covered(_ inode: UInt64) throws(StoreError) {
         guard let backend = backend as? CoherentBackend, !backend.covers(inode) else { return }
-        throw .database("inode \(inode) is written in a group that does not hold it")
+        let error = StoreError.database("inode \(inode) is written in a group that does not hold it")
+        backend.dropOpenGroup(error)
+        throw error
     }
 
     /// A fresh random inode number (63 bits, never 0 or 1) not in use. Numbers are checked free in

@@ -8,9 +8,12 @@ public protocol CoherentBackend: StoreBackend {
     /// lock (nil when the row is missing), and whether the engine reconnected to the server since the
     /// last group began: the server may then have crashed and lost this mount's commits that were not
     /// durable yet, even where other mounts' commits have since carried the generation past them.
-    /// A throw ends the group before anything is written. A group of inodes calls it again with the state
-    /// read under each further inode lock, and at its commit (other mounts commit beside it).
+    /// A throw ends the group before anything is written.
     var onGroupBegin: ((_ sealedState: [UInt8]?, _ reconnected: Bool) throws(StoreError) -> Void)? { get set }
+    /// Called with the sealed state read inside an open group of inodes: under each further inode lock,
+    /// and at its commit (`FOR UPDATE`). Other mounts commit beside such a group, so the generation
+    /// only grows here; one that went back would be a server that lost commits under a live connection.
+    var onStateInGroup: ((_ sealedState: [UInt8]?) throws(StoreError) -> Void)? { get set }
     /// Begins the group transaction now, if none is open: decisions made after this see every
     /// other mount's commits and no other mount commits until this group does. When another mount
     /// holds the lock, it is asked (a notification) to end its group, then waited for.
@@ -32,8 +35,8 @@ public protocol CoherentBackend: StoreBackend {
     func madeInGroup(_ inode: UInt64)
     /// The sealed state as committed on the server once no other mount has a group open (close-to-
     /// open: what another mount closed may still be in its open group, which is asked to end, then
-    /// waited for); one round trip when none is. Nil when a group of this mount is open (nobody
-    /// else can have committed since it began), or when this mount is alone (`isSole`).
+    /// waited for); one round trip when none is. Nil when a group of the container of this mount is
+    /// open (nobody else can have committed since it began), or when this mount is alone (`isSole`).
     func committedState() throws(StoreError) -> [UInt8]?
     /// ... once no other mount has a group open that changes `inode` either (an open of it, a listing
     /// or failed lookup in it): groups that changed other inodes only are not waited for.

@@ -404,7 +404,7 @@ struct SharedMountTests {
             import os, sys, threading, time
             a, b, n = sys.argv[1], sys.argv[2], 120
             for d in ("shared", "own-a", "own-b"): os.mkdir(f"{a}/{d}")
-            errors, expected = [], {}
+            errors, expected, inner = [], {}, {}
             def work(root, who, shared):
                 exp = expected.setdefault(who, {"shared": {}, "own": {}})
                 d = "shared" if shared else f"own-{who}"
@@ -423,6 +423,7 @@ struct SharedMountTests {
                             os.mkdir(f"{root}/{d}/{name}.dir")
                             with open(f"{root}/{d}/{name}.dir/inner", "wb") as f: f.write(data)
                             exp["shared" if shared else "own"][name + ".dir"] = None
+                            inner[name + ".dir"] = data
                         exp[where][name] = data
                     except OSError as e: errors.append((who, i, e.errno))
             ts = [threading.Thread(target=work, args=(root, who, shared)) for root, who in ((a, "a"), (b, "b")) for shared in (True, False)]
@@ -437,7 +438,7 @@ struct SharedMountTests {
                     for where, names in expected[w].items():
                         for name, data in names.items():
                             path = f"{root}/{'shared' if where == 'shared' else 'own-' + w}/{name}"
-                            if data is None: ok = ok and open(path + "/inner", "rb").read() is not None
+                            if data is None: ok = ok and open(path + "/inner", "rb").read() == inner[path.rsplit("/", 1)[1]]
                             elif open(path, "rb").read() != data: ok = False
                 print(root == a and "A" or "B", ok)
             print("errors", errors)

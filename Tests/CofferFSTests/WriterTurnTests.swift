@@ -137,9 +137,14 @@ struct WriterTurnTests {
         let p = try Pair()
         defer { p.close() }
         let fs = p.fs, b = SharedMount(try p.mountBFileSystem())
+        // Both write (beside a mount that writes nothing, a group takes the container: InodeGroupTests).
+        _ = try b.mkdir(parent: root, name: Array("z".utf8), mode: 0o755, caller: caller)
+        try b.fs.commitGroup(durable: false)
         try p.mkdir("x")
         try p.mkdir("y")
         try fs.commitGroup(durable: false)
+        func busy(_ f: CofferFileSystem) -> Bool { (f.store.backend as? PostgresBackend)?.othersBusy == true }
+        #expect(waitUntil(10, every: 0.01) { busy(fs) && busy(b.fs) }, "each heard the other's commit")
         let x = try p.a.lookup(parent: root, name: Array("x".utf8)).ino, y = try p.a.lookup(parent: root, name: Array("y".utf8)).ino
         _ = try p.a.mkdir(parent: x, name: Array("a".utf8), mode: 0o755, caller: caller)
         #expect(fs.store.holdsInodeGroup, "A's group holds x, not the container")

@@ -1,6 +1,7 @@
 import CofferStoreTestSupport
 import CofferTestSupport
 import Foundation
+import Synchronization
 import Testing
 
 @testable import CofferStore
@@ -15,7 +16,8 @@ struct InodeGroupTests {
     private final class Two: @unchecked Sendable {  // lets only
         let a: EntityStore, b: EntityStore
         private let leases: [PostgresLease]
-        init() throws {
+        /// `busy`: groups of inodes beside the other mount whether or not it writes (the rule is tested below).
+        init(busy: Bool = true) throws {
             let made = try TestStore.create(.postgres, in: "")
             let location = try #require(made.location)
             leases = [
@@ -27,6 +29,7 @@ struct InodeGroupTests {
                 let backend = try #require(store.backend as? PostgresBackend)
                 backend.coherent = true
                 backend.fenceHolder = lease.me.holder
+                backend.inodeGroupsBesideIdleMounts = busy
                 store.shareWithOtherMounts(floor: 0)
                 return store
             }
@@ -72,6 +75,22 @@ struct InodeGroupTests {
         try t.b.commit(durable: false)
     }
 
+    /// Beside a mount that writes nothing, a group takes the container (no lock per inode to pay); once the
+    /// other mount commits, or asks for a lock, groups of inodes.
+    @Test func groupsOfInodesOnlyBesideAMountThatWrites() throws {
+        let t = try Two(busy: false)
+        defer { t.close() }
+        #expect(try t.a.beginGroup(.inode(10)))
+        #expect(!t.a.holdsInodeGroup, "b wrote nothing: a's group takes the container")
+        try t.a.putInode(10, sampleInode(size: 10))
+        try t.a.commit(durable: false)
+        #expect(waitUntil(5, every: 0.01) { (t.b.backend as? PostgresBackend)?.othersBusy == true }, "b heard a's commit")
+        #expect(try t.b.beginGroup(.inode(20)))
+        #expect(t.b.holdsInodeGroup, "a writes: b's group holds only its inode")
+        try t.b.putInode(20, sampleInode(size: 20))
+        try t.b.commit(durable: false)
+    }
+
     @Test func aGroupWaitsForTheMountHoldingItsInode() throws {
         let t = try Two()
         defer { t.close() }
@@ -103,9 +122,16 @@ struct InodeGroupTests {
         #expect(try t.b.beginGroup(.inode(20)) && t.b.beginGroup(.nothing), "what B holds, and nothing")
         #expect(try t.b.beginGroup(.inode(30)), "a free inode is taken into the open group")
         try t.b.putInode(30, sampleInode(size: 30))
-        // Rows of an inode the group does not hold are refused before they are sent; a new inode is the group's.
+        // Rows of an inode the group does not hold are refused, and the group with them (reported as lost).
+        let dropped = Mutex(0)
+        t.b.onRollback = { _ in dropped.withLock { $0 += 1 } }
         #expect(throws: StoreError.self) { try t.b.putInode(10, sampleInode(size: 1)) }
+        #expect(!t.b.hasPendingChanges && dropped.withLock { $0 } == 1, "b's group was dropped")
+        #expect(try t.b.beginGroup(.inode(30)))
         #expect(throws: StoreError.self) { try t.b.addEntry(parent: 40, DirectoryEntryRecord(name: Array("n".utf8), ino: 30, type: 0o100000)) }
+        #expect(dropped.withLock { $0 } == 2)
+        // A new inode is the group's.
+        #expect(try t.b.beginGroup(.inode(30)))
         let made = try t.b.newInodeId()
         try t.b.putInode(made, sampleInode(size: 1))
         try t.b.commit(durable: false)
@@ -153,5 +179,52 @@ struct InodeGroupTests {
         #expect(waitUntil(5, every: 0.01) { opening.done })
         #expect(opening.failure == nil)
         #expect(try t.b.inode(10)?.size == 10)
+    }
+
+    /// Commits at the same moment take turns on the state row: every commit of either mount seals its own
+    /// generation, and together they are consecutive.
+    @Test func commitsAtTheSameMomentSealConsecutiveGenerations() throws {
+        let t = try Two()
+        defer { t.close() }
+        let start = max(t.a.generation, t.b.generation)
+        let rounds = 20
+        var sealed: [UInt64] = []
+        for round in 0..<rounds {
+            let ids: [UInt64] = [UInt64(100 + 2 * round), UInt64(101 + 2 * round)]
+            #expect(try t.a.beginGroup(.inode(ids[0])) && t.b.beginGroup(.inode(ids[1])))
+            try t.a.putInode(ids[0], sampleInode(size: ids[0]))
+            try t.b.putInode(ids[1], sampleInode(size: ids[1]))
+            let other = BackgroundCall { try t.b.commit(durable: round % 2 == 0) }
+            try t.a.commit(durable: round % 2 == 1)
+            #expect(waitUntil(10, every: 0.001) { other.done })
+            #expect(other.failure == nil, "round \(round): \(String(describing: other.failure))")
+            sealed += [t.a.generation, t.b.generation]
+        }
+        #expect(Set(sealed).count == 2 * rounds, "no generation sealed twice: \(sealed)")
+        #expect(Set(sealed) == Set((start + 1)...(start + UInt64(2 * rounds))), "and none skipped: \(sealed)")
+    }
+
+    /// A record cached before another mount changed it is read again once this mount's group takes its
+    /// inode: the state read under the lock shows another generation, and the store says it changed.
+    @Test func takingAnInodeAfterAnotherMountsCommitRereads() throws {
+        let t = try Two()
+        defer { t.close() }
+        let changes = Mutex(0)
+        t.a.onForeignChange = { changes.withLock { $0 += 1 } }
+        #expect(try t.a.beginGroup(.inode(10)))
+        try t.a.putInode(10, sampleInode(size: 10))
+        #expect(try t.b.beginGroup(.inode(20)))
+        try t.b.putInode(20, sampleInode(size: 20))
+        try t.b.commit(durable: false)
+        // Once a's listener heard the commit (it says so too), only the lock's state can tell a again.
+        let backend = try #require(t.a.backend as? PostgresBackend)
+        #expect(waitUntil(10, every: 0.01) { backend.lastHeard.withLock { $0 } != nil })
+        usleep(50_000)
+        changes.withLock { $0 = 0 }
+        #expect(try t.a.beginGroup(.inode(20)), "b's group is over: a takes inode 20 into its open group")
+        #expect(changes.withLock { $0 } == 1, "the lock came with a newer state: a's cached records are stale")
+        #expect(try t.a.inode(20)?.size == 20)
+        try t.a.commit(durable: false)
+        #expect(t.a.generation == t.b.generation + 1)
     }
 }

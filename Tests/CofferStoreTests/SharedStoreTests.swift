@@ -201,6 +201,7 @@ struct SharedStoreTests {
         let b = try mountLike(m.made, holder: m.lease.me.holder)
         defer { b.close() }
         try #require(b.backend as? PostgresBackend).lockSlice = 0.2
+        try #require(b.backend as? PostgresBackend).inodeGroupsBesideIdleMounts = true
         let waiter = BackgroundCall { _ = try b.beginGroup(.inode(7)) }
         usleep(1_000_000)
         #expect(!waiter.done, "a holder of the inode whose lease is live is waited for")
@@ -210,6 +211,7 @@ struct SharedStoreTests {
         #expect(ended, "the waiter ended the session of the lapsed lease")
         _ = waitUntil(10) { waiter.done }
         #expect(waiter.failure == nil)
+        #expect(b.holdsInodeGroup, "b waited for the inode, not the container")
         try b.putInode(7, sampleInode(size: 7))
         try b.commit(durable: true)
         #expect(try b.inode(7)?.size == 7)

@@ -32,6 +32,7 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
     /// write): groups begin with the writer lock and the state (`onGroupBegin`), commits are announced.
     public var coherent = false
     public var onGroupBegin: (([UInt8]?, Bool) throws(StoreError) -> Void)?
+    public var onStateInGroup: (([UInt8]?) throws(StoreError) -> Void)?
     /// The writer reconnected since the last group began (`onGroupBegin`).
     let reconnected = Atomic<Bool>(false)
     /// Whether no other mount held a lease at the last group begin (`CoherentBackend.isAlone`).
@@ -60,6 +61,19 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
         guard let asked, let since = pending.withLock({ $0.since }) else { return false }
         return asked >= since - Self.askGrace
     }
+    /// When another mount's commit was last heard (or might have gone unheard: a reconnect of the listener).
+    let lastHeard = Mutex<ContinuousClock.Instant?>(nil)
+    /// Another mount committed or asked for a lock within `busyElsewhere`: new groups are groups of inodes
+    /// (`beginGroup(_:)`). Beside mounts that write nothing a group of the container costs no lock per
+    /// inode and no extra round trip at its commit, and a mount that starts writing asks for it, which ends it.
+    public var othersBusy: Bool {
+        let now = ContinuousClock.now
+        func recent(_ t: ContinuousClock.Instant?) -> Bool { t.map { now - $0 < Self.busyElsewhere } ?? false }
+        return recent(lastHeard.withLock { $0 }) || recent(lastAsked.withLock { $0.any })
+    }
+    static let busyElsewhere: Duration = .seconds(2)
+    /// Tests: groups of inodes beside other mounts whether or not they are busy.
+    var inodeGroupsBesideIdleMounts = false
     /// The connection that hears other mounts' commits (`listen`).
     let listener = Mutex<PostgresListener?>(nil)
 
@@ -250,7 +264,11 @@ public final class PostgresBackend: CoherentBackend, @unchecked Sendable {  // w
             l = PostgresListener(
                 conninfo: location.conninfo, sql: sql, ignoring: fenceHolder ?? "",
                 sole: { [weak self] at in self?.soleConfirmed.withLock { $0 = at } },
-                joined: { [weak self] in self?.joined.load(ordering: .acquiring) ?? false }, heard: heard, changed: changed,
+                joined: { [weak self] in self?.joined.load(ordering: .acquiring) ?? false },
+                heard: { [weak self] in
+                    self?.lastHeard.withLock { $0 = .now }
+                    heard()
+                }, changed: changed,
                 wanted: { [weak self] byReader in
                     self?.lastAsked.withLock { asked in
                         asked.any = .now

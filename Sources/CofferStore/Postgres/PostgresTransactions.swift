@@ -74,9 +74,10 @@ extension PostgresBackend {
         guard !readOnly else { throw .readOnly }
         return try onWriter { () throws(StoreError) -> Bool in
             let (open, inodeGroup, locked) = pending.withLock { ($0.since != nil, $0.inodeGroup, $0.locked) }
-            // Alone, nobody commits beside this mount: its groups take the container, which costs no lock per inode.
+            // Alone, or beside mounts that write nothing, nobody commits beside this mount: its groups take the
+            // container, which costs no lock per inode (`othersBusy`).
             guard open else {
-                try begin(coherent && !isAlone ? scope : .container)
+                try begin(coherent && !isAlone && (othersBusy || inodeGroupsBesideIdleMounts) ? scope : .container)
                 return true
             }
             guard inodeGroup else { return true }  // the container's group covers every change
@@ -112,7 +113,7 @@ extension PostgresBackend {
         }
         guard got else { return false }
         pending.withLock { _ = $0.locked.insert(id) }
-        do throws(StoreError) { try onGroupBegin?(state, false) } catch {
+        do throws(StoreError) { try onStateInGroup?(state) } catch {
             droppedTransaction(error)
             throw error
         }
@@ -317,8 +318,8 @@ extension PostgresBackend {
             // Inode groups commit beside each other: each reads the generation the last commit wrote (the row
             // stays locked until this COMMIT) and seals the next, so generations still grow by one.
             if pending.withLock({ $0.inodeGroup }) {
-                let current = try inTransaction { try withQueued { c in try c.execute(sql.stateRowForUpdate, prepared: true).bytes(0, 0) } }
-                do throws(StoreError) { try onGroupBegin?(current, false) } catch {
+                let current = try inTransaction { try withQueued { c in try lockedState(c) } }
+                do throws(StoreError) { try onStateInGroup?(current) } catch {
                     droppedTransaction(error)
                     throw error
                 }
@@ -349,6 +350,34 @@ extension PostgresBackend {
             }
             pending.withLock { $0.clear() }
             return true
+        }
+    }
+
+    /// The state row `FOR UPDATE`, at the commit of a group of inodes: another mount's commit holds it for
+    /// one round trip, unless that mount stopped between the two round trips of its commit. So the row is
+    /// waited for in slices, each in a savepoint (a lock timeout would otherwise take the group with it),
+    /// and after a slice that ran out a stalled holder whose lease lapsed is ended (`endLapsedWriter`: it
+    /// holds the writer lock shared), as a wait for the writer lock does.
+    private func lockedState(_ c: PGConnection) throws -> [UInt8]? {
+        while true {
+            do {
+                let r = try c.pipeline([
+                    PGStatement("SAVEPOINT coffer_state"),
+                    PGStatement("SELECT set_config('lock_timeout', $1, true)", [.text(lockTimeout)], prepared: true),
+                    PGStatement(sql.stateRowForUpdate, prepared: true), PGStatement("RELEASE SAVEPOINT coffer_state"),
+                    PGStatement("SET LOCAL lock_timeout TO DEFAULT")
+                ])
+                guard r.count == 5 else { throw PGError(.unexpectedResult, "a pipeline of 5 answered \(r.count)") }
+                return try r[2].bytes(0, 0)
+            } catch let e as PGError where e.sqlState == .lockNotAvailable {
+                _ = try c.pipeline([PGStatement("ROLLBACK TO SAVEPOINT coffer_state"), PGStatement("SET LOCAL lock_timeout TO DEFAULT")])
+                do {
+                    _ = try c.execute(sql.endLapsedWriter, [.text(sql.schema), .text(lockTimeout)], prepared: true)
+                } catch {
+                    guard error.sqlState == .insufficientPrivilege else { throw error }
+                    _ = try c.pipeline([PGStatement("ROLLBACK TO SAVEPOINT coffer_state")])
+                }
+            }
         }
     }
 
