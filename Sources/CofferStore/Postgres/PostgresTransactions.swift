@@ -99,7 +99,7 @@ extension PostgresBackend {
 
     /// One more inode for the open inode group: only tried (a group never waits while it holds inodes),
     /// in one round trip with the state, read after the lock was granted. Another mount's commit since
-    /// this mount last looked may have changed what this one cached of the inode: `onGroupBegin` hears
+    /// this mount last looked may have changed what this one cached of the inode: `onStateInGroup` hears
     /// the new generation, and the layers above read again before they decide.
     private func lockInGroup(_ id: UInt64) throws(StoreError) -> Bool {
         let (got, state) = try inTransaction { () throws -> (Bool, [UInt8]?) in
