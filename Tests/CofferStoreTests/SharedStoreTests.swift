@@ -217,6 +217,34 @@ struct SharedStoreTests {
         #expect(try b.inode(7)?.size == 7)
     }
 
+    /// A machine stopped between the two round trips of a group of inodes' commit holds the state row: the
+    /// next commit of a group of inodes waits for it in slices, and ends it once its lease lapsed.
+    @Test func aCommitStoppedOnTheStateRowIsEndedOnceItsLeaseLapsed() throws {
+        let m = try StoppedMachine("stop-commit")
+        defer { m.close() }
+        let q = PostgresSQL(schema: m.location.container).q
+        try m.stuck.executeScript(
+            "BEGIN; SELECT pg_advisory_xact_lock_shared(\(PostgresSQL.lockSpace), hashtext('\(m.location.container)')); "
+                + "SELECT value FROM \(q).meta WHERE name = 'state' FOR UPDATE")
+        let b = try mountLike(m.made, holder: m.lease.me.holder)
+        defer { b.close() }
+        let backend = try #require(b.backend as? PostgresBackend)
+        backend.lockSlice = 0.2
+        backend.inodeGroupsBesideIdleMounts = true
+        #expect(try b.beginGroup(.inode(8)) && b.holdsInodeGroup)
+        try b.putInode(8, sampleInode(size: 8))
+        let committing = BackgroundCall { try b.commit(durable: true) }
+        usleep(1_000_000)
+        #expect(!committing.done, "the commit waits for the row while the holder's lease is live")
+        try m.lapse()
+        let ended = waitUntil(10, every: 0.05) { committing.done }
+        if !ended { m.stuck.close() }  // lets the commit go, so the test ends
+        #expect(ended, "the committer ended the session of the lapsed lease")
+        _ = waitUntil(10) { committing.done }
+        #expect(committing.failure == nil, "the group survived the slices: \(String(describing: committing.failure))")
+        #expect(try b.inode(8)?.size == 8)
+    }
+
     /// A mount alone that was stopped (its listener's session, named after its lease, holds the sole lock
     /// and sends nothing) with its lease lapsed: a mount that joins ends that session and joins, instead of
     /// failing for as long as the stopped one stays stopped (a tester's find).

@@ -112,7 +112,8 @@ struct PostgresSQL: Sendable {
     /// sent, the group idle or a statement half sent, which the server would wait for without limit)
     /// and whose lease has lapsed: a machine stopped, suspended or cut off in the middle of a group. A
     /// healthy mount is never stalled that long (its groups end within a second) and renews its lease
-    /// while it runs. Its group is lost as in a crash. Only sessions this role may end: its own, or any
+    /// while it runs. Its group is lost as in a crash. The clock, not `now()`: a commit runs it inside its
+    /// own transaction, whose `now()` stays at its start (`lockedState`). Only sessions this role may end: its own, or any
     /// with pg_signal_backend; another role's state is seen only with pg_read_all_stats.
     var endLapsedWriter: String { endLapsed(Self.lockSpace) }
     /// `endLapsedWriter` for the holder of the sole lock (a mount alone's listener, which looks at the
@@ -122,10 +123,10 @@ struct PostgresSQL: Sendable {
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             + "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = \(space)::oid AND l.objid = hashtext($1)::oid "
             + "AND l.objsubid = 2 AND a.datname = current_database() AND a.pid <> pg_backend_pid() "
-            + "AND a.wait_event_type = 'Client' AND a.state_change < now() - $2::interval "
+            + "AND a.wait_event_type = 'Client' AND a.state_change < clock_timestamp() - $2::interval "
             + "AND (pg_has_role(a.usesysid, 'MEMBER') OR pg_has_role('pg_signal_backend', 'MEMBER')) "
             + "AND starts_with(a.application_name, '\(Self.writerPrefix)') AND NOT EXISTS (SELECT 1 FROM \(q).leases e "
-            + "WHERE e.holder = substr(a.application_name, \(Self.writerPrefix.count + 1)) AND e.expires > now())"
+            + "WHERE e.holder = substr(a.application_name, \(Self.writerPrefix.count + 1)) AND e.expires > clock_timestamp())"
     }
     var tryWriterLockShared: String { "SELECT pg_try_advisory_xact_lock_shared(\(Self.lockSpace), hashtext($1))" }
     /// A notification whose payload starts with this is a mount asking for the writer lock (the rest
