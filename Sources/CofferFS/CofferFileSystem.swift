@@ -622,14 +622,14 @@ public final class CofferFileSystem: FileSystemOperations, @unchecked Sendable {
     ///
     /// `scope`: what the change decides on. A group of inodes that cannot take it (another mount holds
     /// the inode, or the change needs the container) is committed first, and the next one waits for what
-    /// the change needs. A removed file whose record and orphan row wait in memory (`dying`) is no
-    /// change's inode: while there is one, groups take the container (the records' writes are refused
-    /// outside the inodes a group holds: `EntityStore.covered`).
+    /// the change needs. A removed file whose deletes failed waits in memory (`dying`) with its record and
+    /// orphan row to write: no change's inode, so while there is one, a new group takes the container (the
+    /// records' writes are refused outside the inodes a group holds: `EntityStore.covered`). Within a group
+    /// every dirty record is one of its changes'; what a dropped group left is read again first
+    /// (`takeDroppedGroup`, at the next commit or use).
     func beginGroup(_ scope: GroupScope = .container) throws(FSError) {
         var opening = !store.hasPendingChanges
-        // Between groups nothing is dirty but what a dropped group left (its files, marked to report the loss):
-        // no change's inode, so the next group takes the container to write them.
-        let leftovers = meta.withLock { dying.values.contains { $0.dirty } || (opening && inodes.values.contains { $0.dirty }) }
+        let leftovers = scope != .container && opening && meta.withLock { dying.values.contains { $0.dirty } }
         let wanted = leftovers ? .container : scope
         while true {
             let ready: Bool

@@ -28,10 +28,7 @@ extension CofferFileSystem {
             }
             if s.record.nlink == 0 && !s.deleted && reapsWhenQuiet && dying.count < Self.maxDying && !store.isLowOnSpace() {
                 // `rm` goes on at once; the file's rows go when the filesystem is quiet (reapIfQuiet).
-                s.tail = nil
-                s.wipeCipher()
-                inodes[ino] = nil
-                dying[ino] = s
+                moveToDying(s)
                 return false
             }
             // Removing an unlinked file is several statements: one visit to the writer. Not into an open group
@@ -39,10 +36,7 @@ extension CofferFileSystem {
             // a group of the container, or the unmount does; past `maxDying` too, rather than not at all.
             _ = try? store.batch {
                 if s.record.nlink == 0 && !s.deleted && store.holdsInodeGroup {
-                    s.tail = nil
-                    s.wipeCipher()
-                    inodes[ino] = nil
-                    dying[ino] = s
+                    moveToDying(s)
                 } else {
                     release(ifUnused: s)
                 }
@@ -53,6 +47,14 @@ extension CofferFileSystem {
         // (EntityStore.isCommitDue) before new writes need the room. A failure is the next
         // writer's to see.
         if removed { try? commitIfDueOutsideChanges() }
+    }
+
+    /// A removed file the kernel is done with leaves memory for `dying`, its rows for the reaper (call under meta).
+    private func moveToDying(_ s: InodeState) {
+        s.tail = nil
+        s.wipeCipher()
+        inodes[s.ino] = nil
+        dying[s.ino] = s
     }
 
     /// The inode a name points to (call under meta).

@@ -37,9 +37,8 @@ public protocol CoherentBackend: StoreBackend {
     /// open: what another mount closed may still be in its open group, which is asked to end, then
     /// waited for); one round trip when none is. Nil when a group of the container of this mount is
     /// open (nobody else can have committed since it began), or when this mount is alone (`isSole`).
-    func committedState() throws(StoreError) -> [UInt8]?
-    /// ... once no other mount has a group open that changes `inode` either (an open of it, a listing
-    /// or failed lookup in it): groups that changed other inodes only are not waited for.
+    /// `inode`: and no group that changes it (an open of it, a listing or failed lookup in it); groups that
+    /// changed other inodes only are not waited for. Nil: the container's groups only.
     func committedState(of inode: UInt64?) throws(StoreError) -> [UInt8]?
     /// No other mount held a lease when the open (or last) group began: this mount's groups may then
     /// stay open as long as a mount of its own keeps them (beside others they end sooner, so that

@@ -120,8 +120,6 @@ extension PostgresBackend {
         return true
     }
 
-    public func committedState() throws(StoreError) -> [UInt8]? { try committedState(of: nil) }
-
     public func committedState(of inode: UInt64?) throws(StoreError) -> [UInt8]? {
         // Alone: nobody else can have committed (a mount that joins waits until this is false).
         if isSole { return nil }
@@ -229,27 +227,15 @@ extension PostgresBackend {
                 // Held elsewhere (or waited for): roll back, ask its holder to end its group, then wait.
                 // The container's group takes the writer lock; an inode group takes it shared, and its inode.
                 func group(trying: Bool) throws -> (got: Bool, state: [UInt8]?, mounts: Int64) {
-                    let schema = PGValue.text(sql.schema), timeout = PGValue.text(lockTimeout)
-                    var locks: [PGStatement]
-                    if scope == .container {
-                        locks = [
-                            trying
-                                ? PGStatement(sql.tryWriterLock, [schema], prepared: true)
-                                : PGStatement(sql.writerLock, [schema, timeout], prepared: true)
-                        ]
-                    } else {
-                        locks = [
-                            trying
-                                ? PGStatement(sql.tryWriterLockShared, [schema], prepared: true)
-                                : PGStatement(sql.writerLockShared, [schema, timeout], prepared: true)
-                        ]
-                        if case .inode(let id) = scope {
-                            locks.append(
-                                trying
-                                    ? PGStatement(sql.tryInodeLock, [schema, Self.id(id)], prepared: true)
-                                    : PGStatement(sql.inodeLock, [schema, Self.id(id), timeout], prepared: true))
-                        }
+                    let schema = PGValue.text(sql.schema)
+                    // Tried, or waited for with the slice's timeout.
+                    func lock(_ tried: String, _ waited: String, _ params: [PGValue]) -> PGStatement {
+                        trying ? PGStatement(tried, params, prepared: true) : PGStatement(waited, params + [.text(lockTimeout)], prepared: true)
                     }
+                    var locks =
+                        scope == .container
+                        ? [lock(sql.tryWriterLock, sql.writerLock, [schema])] : [lock(sql.tryWriterLockShared, sql.writerLockShared, [schema])]
+                    if case .inode(let id) = scope { locks.append(lock(sql.tryInodeLock, sql.inodeLock, [schema, Self.id(id)])) }
                     // Once waited for, the lock's timeout goes back to the one the session started with
                     // (the writer never sets its own) for the rest of the group.
                     let reset = trying ? [] : [PGStatement("SET LOCAL lock_timeout TO DEFAULT")]
